@@ -1,0 +1,72 @@
+"""What a user's function imports: wire models, processor bases, the reward registry,
+the tracing instrumentation and a logger."""
+
+from processors_base.log import logger
+from processors_base.models import (
+    AgentOutput,
+    BaseDataModel,
+    FunctionType,
+    GroupReward,
+    GroupRewardInput,
+    GroupRewardOutput,
+    ModelProtocol,
+    ModelResource,
+    RequestMetadata,
+    Resource,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    RolloutInput,
+    RolloutOutput,
+    Task,
+    TaskStatus,
+)
+from processors_base.observability import (
+    observe_llm,
+    observe_processor,
+    observe_tool,
+    trace_client,
+    trace_tool,
+    untrace_client,
+)
+from processors_base.processors import (
+    AbstractGroupRewardProcessor,
+    AbstractProcessor,
+    AbstractRewardProcessor,
+    AbstractRolloutProcessor,
+)
+from processors_base.rewards import aggregate_func, reward_func, sub_reward_func
+
+__all__ = [
+    "AbstractGroupRewardProcessor",
+    "AbstractProcessor",
+    "AbstractRewardProcessor",
+    "AbstractRolloutProcessor",
+    "AgentOutput",
+    "BaseDataModel",
+    "FunctionType",
+    "GroupReward",
+    "GroupRewardInput",
+    "GroupRewardOutput",
+    "ModelProtocol",
+    "ModelResource",
+    "RequestMetadata",
+    "Resource",
+    "Reward",
+    "RewardInput",
+    "RewardOutput",
+    "RolloutInput",
+    "RolloutOutput",
+    "Task",
+    "TaskStatus",
+    "aggregate_func",
+    "logger",
+    "observe_llm",
+    "observe_processor",
+    "observe_tool",
+    "reward_func",
+    "sub_reward_func",
+    "trace_client",
+    "trace_tool",
+    "untrace_client",
+]

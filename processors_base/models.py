@@ -1,0 +1,182 @@
+"""Wire models: the JSON the training platform sends to a function and expects back.
+
+Field names, types and defaults follow the platform's protocol exactly. Every model
+keeps unknown fields (``extra="allow"``) so that a newer platform can add fields
+without breaking older functions, and user code can still reach them as attributes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import Enum
+from typing import Annotated, Any, Optional, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+
+__all__ = [
+    "AgentOutput",
+    "BaseDataModel",
+    "FunctionType",
+    "GroupReward",
+    "GroupRewardInput",
+    "GroupRewardOutput",
+    "ModelProtocol",
+    "ModelResource",
+    "RequestMetadata",
+    "Resource",
+    "Reward",
+    "RewardInput",
+    "RewardOutput",
+    "RolloutInput",
+    "RolloutOutput",
+    "Task",
+    "TaskStatus",
+    "WireModel",
+]
+
+
+class TaskStatus(str, Enum):
+    SUCCESS = "success"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ModelProtocol(str, Enum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    DASHSCOPE = "dashscope"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FunctionType(str, Enum):
+    ROLLOUT = "rollout"
+    REWARD = "reward"
+    GROUP_REWARD = "group_reward"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _error_code_as_str(value: Any) -> Any:
+    # The protocol carries error codes as strings; users often return ints.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+ErrorCode = Annotated[Optional[str], BeforeValidator(_error_code_as_str)]
+
+
+class WireModel(BaseModel):
+    """Base of every wire model: unknown fields are accepted and kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ModelResource(WireModel):
+    """The LLM endpoint a rollout talks to. ``api_key`` never shows in a repr or a dump."""
+
+    model_name: str
+    base_url: str
+    api_key: SecretStr
+
+
+class RequestMetadata(WireModel):
+    job_id: str
+    sample_id: str
+    rollout_id: str
+    attempt_id: str
+
+
+class AgentOutput(WireModel):
+    messages: Optional[list[dict[str, Any]]] = None
+    rollout_extra: Optional[dict[str, Any]] = None
+    rollout_metrics: dict[str, float] = Field(default_factory=dict)
+    reward_score: Optional[float] = None
+
+
+class BaseDataModel(WireModel):
+    """Base of the three function inputs; ``func_type`` names the function they are for."""
+
+    func_type: FunctionType
+
+
+class RolloutInput(BaseDataModel):
+    func_type: FunctionType = FunctionType.ROLLOUT
+    messages: list[dict[str, Any]]
+    tools: Optional[list[dict[str, Any]]] = None
+    ground_truth: Optional[Any] = None
+    rollout_extra: Optional[dict[str, Any]] = None
+    sampling_params: Optional[dict[str, Any]] = None
+    model_resource: ModelResource
+    request_metadata: Optional[RequestMetadata] = None
+
+
+class RolloutOutput(WireModel):
+    agent_output: Optional[AgentOutput] = None
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: Optional[str] = None
+    error_code: ErrorCode = None
+
+
+class RewardInput(BaseDataModel):
+    func_type: FunctionType = FunctionType.REWARD
+    ground_truth: Optional[Any] = None
+    request_metadata: Optional[RequestMetadata] = None
+    agent_output: AgentOutput
+
+
+class Reward(WireModel):
+    reward_score: float
+    reward_metrics: Optional[dict[str, float]] = None
+
+
+class RewardOutput(WireModel):
+    reward: Reward
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: Optional[str] = None
+    error_code: ErrorCode = None
+
+
+class GroupRewardInput(BaseDataModel):
+    func_type: FunctionType = FunctionType.GROUP_REWARD
+    agent_outputs: list[AgentOutput]
+    request_metadata: Optional[RequestMetadata] = None
+    ground_truth: Optional[Any] = None
+
+
+class GroupReward(WireModel):
+    rewards: list[Reward] = Field(default_factory=list)
+
+
+class GroupRewardOutput(WireModel):
+    reward: GroupReward
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: Optional[str] = None
+    error_code: ErrorCode = None
+
+
+# --- Not on the wire of a served function; kept for code written against the SDK. ---
+
+
+class Task(BaseModel):
+    rollout_id: str = Field(default_factory=lambda: "ro-" + uuid.uuid4().hex[:12])
+    prompt: Union[str, list[dict[str, Any]], dict[str, Any]]
+    ground_truth: Optional[Any] = None
+    training_state: Optional[dict[str, Any]] = Field(default_factory=dict)
+
+
+class Resource(BaseModel):
+    model_name: str
+    base_url: str
+    api_key: SecretStr
+    protocol: ModelProtocol = ModelProtocol.OPENAI
+    max_tokens: int = Field(2048, ge=1)
+    max_turns: int = Field(25, ge=1)
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    timeout: float = 60.0
+    system_prompt: Optional[str] = None

@@ -1,0 +1,1 @@
+"""Serves one processor class over ASGI: ``python -m runtime serve module:Class``."""

@@ -1,0 +1,263 @@
+"""The ASGI app that serves one function.
+
+``POST /api/v1`` is the hot path and is handled here directly on raw ASGI:
+admission -> body -> parse/validate -> slot -> process -> serialise -> response.
+Everything else (``/health``, 404 and 405 answers) goes through a small Starlette app,
+where a few microseconds of routing do not matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import perf_counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from runtime import errors
+from runtime.admission import Admission
+from runtime.config import Settings
+from runtime.function import Function, ProcessorFailure, RequestError
+from runtime.logs import RequestLog
+
+__all__ = ["FunctionApp"]
+
+log = logging.getLogger("runtime")
+
+STARTING, READY, DRAINING = "starting", "healthy", "draining"
+
+_JSON = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
+_RETRY_AFTER = (b"retry-after", b"1")
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class FunctionApp:
+    def __init__(self, function: Function, settings: Settings) -> None:
+        self.function = function
+        self.settings = settings
+        self.admission = Admission(settings.concurrency, settings.queue)
+        self.state = STARTING
+        self.on_fatal: Callable[[], None] | None = None  # set by the server: stop, exit non-zero
+        self._request_log = RequestLog(function.func_type.value, settings)
+        self._timeout = settings.timeout
+        self._max_body = settings.max_body
+        self._setup_task: asyncio.Task[None] | None = None
+        self._health_fields = {
+            "func_type": function.func_type.value,
+            "processor": function.target.name,
+            "parser": function.input_model.__name__,
+        }
+        self._routes = Starlette(
+            routes=[
+                Route("/health", self._health, methods=["GET"]),
+                Route("/api/v1", self._method_not_allowed, methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        )
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if scope["path"] == "/api/v1" and scope["method"] == "POST":
+                await self._invoke(scope, receive, send)
+            else:
+                await self._routes(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Stop taking requests: /health says "draining", /api/v1 answers 503."""
+        self.state = DRAINING
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                anyio.to_thread.current_default_thread_limiter().total_tokens = self.settings.threads
+                # Setup runs in the background so that /health answers "starting" meanwhile.
+                self._setup_task = asyncio.get_running_loop().create_task(self._setup())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.state = DRAINING
+                if self._setup_task is not None and not self._setup_task.done():
+                    self._setup_task.cancel()
+                else:
+                    try:
+                        await self.function.shutdown()
+                    except Exception as exc:
+                        log.error("%s.shutdown() failed: %s: %s", self.function.target.name,
+                                  type(exc).__name__, exc)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _setup(self) -> None:
+        try:
+            await self.function.setup()
+        except ProcessorFailure as exc:
+            log.error("%s", exc)
+            if self.on_fatal is not None:
+                self.on_fatal()
+            return
+        if self.state == STARTING:
+            self.state = READY
+            log.info("ready: %s serving %s", self.function.target.name, self.function.func_type.value)
+
+    # --- POST /api/v1 ----------------------------------------------------------------
+
+    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = perf_counter()
+        if self.state != READY:
+            code, message = (
+                (errors.NOT_READY, "the function is starting: setup() has not finished")
+                if self.state == STARTING
+                else (errors.DRAINING, "the function is shutting down")
+            )
+            await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
+            self._request_log.failure(scope, 503, perf_counter() - started, code, message, None)
+            return
+        admission = self.admission
+        if not admission.try_admit():
+            message = "all processing slots and the queue are taken; retry later"
+            await _send(send, 503, errors.error_body(errors.OVERLOADED, message), _RETRY_AFTER)
+            self._request_log.failure(scope, 503, perf_counter() - started, errors.OVERLOADED, message, None)
+            return
+
+        function = self.function
+        input_data = None
+        watcher: asyncio.Task[bool] | None = None
+        status, code, message = 200, "", ""
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + self._timeout) as deadline:
+                input_data = function.parse(await self._read_body(scope, receive))
+                # Only now that the body is read may another task wait on receive().
+                watcher = asyncio.get_running_loop().create_task(
+                    _watch_disconnect(receive, deadline)
+                )
+                await admission.acquire_slot()
+                try:
+                    output = await function.process(input_data)
+                finally:
+                    admission.release_slot()
+            if deadline.cancelled_caught:
+                if watcher is not None and watcher.done() and not watcher.cancelled():
+                    status, code = 499, errors.CLIENT_DISCONNECTED
+                    message = "client disconnected; processing was cancelled"
+                else:
+                    status, code = 504, errors.DEADLINE_EXCEEDED
+                    message = f"the request did not finish within its {self._timeout:g}s deadline"
+                    await _send(send, 504, function.failure(code, message))
+            else:
+                await _send(send, 200, output)
+        except RequestError as exc:
+            status, code, message = exc.status, exc.code, str(exc)
+            await _send(send, exc.status, exc.body, _CLOSE if exc.status == 413 else None)
+        except ProcessorFailure as exc:
+            status, code, message = 500, exc.code, str(exc)
+            await _send(send, 500, function.failure(code, message))
+        except _ClientGone:
+            status, code, message = 499, errors.CLIENT_DISCONNECTED, "client disconnected while sending"
+        except Exception as exc:  # a bug of ours: still a JSON answer, never a traceback
+            status, code, message = 500, errors.INTERNAL_ERROR, "internal error of the runtime"
+            log.exception("internal error while serving a request")
+            await _send(send, 500, function.failure(code, f"{message}: {type(exc).__name__}"))
+        finally:
+            admission.leave()
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+            elapsed = perf_counter() - started
+            if status != 200:
+                self._request_log.failure(scope, status, elapsed, code, message, input_data)
+            elif self._request_log.wants(elapsed):
+                self._request_log.success(scope, elapsed, input_data)
+
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        max_body = self._max_body
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if int(value) > max_body:
+                    raise _too_large(max_body)
+                break
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone
+        body = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > max_body:
+                raise _too_large(max_body)
+            return body
+        chunks = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_body:
+                raise _too_large(max_body)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    # --- everything else -------------------------------------------------------------
+
+    async def _health(self, request: Request) -> Response:
+        body = orjson.dumps({"status": self.state, **self._health_fields})
+        return Response(body, 200 if self.state == READY else 503, media_type="application/json")
+
+    async def _method_not_allowed(self, request: Request) -> Response:
+        raise HTTPException(405, headers={"Allow": "POST"})
+
+
+async def _watch_disconnect(receive: Any, scope: anyio.CancelScope) -> bool:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return True
+
+
+async def _send(send: Any, status: int, body: bytes, extra: tuple[bytes, bytes] | None = None) -> None:
+    headers = [_JSON, (b"content-length", b"%d" % len(body))]
+    if extra is not None:
+        headers.append(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(413, errors.BODY_TOO_LARGE, f"request body is larger than {limit} bytes")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        code, message = errors.NOT_FOUND, f"no such endpoint: {request.url.path}"
+    elif exc.status_code == 405:
+        code, message = errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.url.path}"
+    else:
+        code, message = f"HTTP_{exc.status_code}", str(exc.detail)
+    return Response(
+        errors.error_body(code, message), exc.status_code, headers=exc.headers,
+        media_type="application/json",
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error on %s", request.url.path, exc_info=exc)
+    body = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
+    return Response(body, 500, media_type="application/json")

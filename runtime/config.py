@@ -1,0 +1,178 @@
+"""Serving settings: one table of options, each with its environment fallback and default.
+
+Precedence: command-line option, then the first environment variable set, then the
+default. The table drives the CLI's options, its help text and the startup line that
+prints the effective configuration, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OPTIONS", "Settings", "SettingsError", "add_options", "resolve"]
+
+
+class SettingsError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    target: str = ""
+    func_type: str | None = None
+    workspace: str = "."
+    host: str = "0.0.0.0"
+    port: int = 8000
+    workers: int = 1
+    concurrency: int = 128
+    queue: int = 256
+    threads: int = 32
+    timeout: float = 600.0
+    grace: float = 30.0
+    max_body: int = 10 * 1024 * 1024
+    log_level: str = "info"
+    access_log: bool = False
+    slow_request: float = 10.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        shown = {o.dest: getattr(self, o.dest) for o in OPTIONS if o.dest not in ("func_type",)}
+        return " ".join(f"{key}={_show(value)}" for key, value in shown.items())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}s"
+    return str(value)
+
+
+def _int(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError("not an integer") from None
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _func_type(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("rollout", "reward", "group_reward"):
+        raise ValueError("must be rollout, reward or group_reward")
+    return lowered
+
+
+def _level(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("debug", "info", "warning", "error", "critical"):
+        raise ValueError("must be debug, info, warning, error or critical")
+    return lowered
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    dest: str
+    env: tuple[str, ...]
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--type", "func_type", ("FUNC_TYPE",), _func_type,
+           "function type; taken from the class's base, and must agree with it if given",
+           "{rollout,reward,group_reward}"),
+    Option("--workspace", "workspace", ("WORKSPACE_DIR",), str,
+           "directory the target is imported from (put first on sys.path)", "DIR"),
+    Option("--host", "host", ("HOST",), str, "address to bind"),
+    Option("--port", "port", ("PORT", "SERVER_PORT"), _int(0), "port to bind"),
+    Option("--workers", "workers", ("WORKERS_COUNT",), _int(1),
+           "worker processes; each runs setup() and has its own slots, queue and threads", "N"),
+    Option("--concurrency", "concurrency", ("CONCURRENCY",), _int(1),
+           "requests processed at once per worker", "N"),
+    Option("--queue", "queue", ("THREAD_POOL_QUEUE",), _int(0),
+           "requests waiting for a slot per worker; beyond it, 503 + Retry-After", "N"),
+    Option("--threads", "threads", ("THREAD_POOL_WORKERS",), _int(1),
+           "threads that run sync user code (process, setup, sub-rewards) per worker", "N"),
+    Option("--timeout", "timeout", ("REQUEST_TIMEOUT",), _seconds,
+           "per-request deadline in seconds, queueing included; then 504", "SECONDS"),
+    Option("--grace", "grace", ("GRACE_PERIOD",), _seconds,
+           "on SIGTERM, how long requests in flight may take to finish", "SECONDS"),
+    Option("--max-body", "max_body", ("MAX_BODY_BYTES",), _int(1),
+           "largest request body in bytes; beyond it, 413", "BYTES"),
+    Option("--log-level", "log_level", ("LOG_LEVEL",), _level, "debug, info, warning or error"),
+    Option("--access-log", "access_log", ("ACCESS_LOG",), _bool,
+           "log every request, not only failed and slow ones", "{true,false}"),
+    Option("--slow-request", "slow_request", ("SLOW_REQUEST_SECONDS",), _seconds,
+           "requests slower than this are logged", "SECONDS"),
+)
+
+_DEFAULTS = Settings()
+
+
+def add_options(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+    for option in OPTIONS:
+        if names is not None and option.dest not in names:
+            continue
+        default = getattr(_DEFAULTS, option.dest)
+        env = " or ".join(option.env)
+        shown = "from the class" if default is None else _show(default)
+        parser.add_argument(
+            option.flag, dest=option.dest, default=None, metavar=option.metavar,
+            help=f"{option.help} [env {env}; default {shown}]",
+        )
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
+    """Settings from parsed arguments, the environment and the defaults, validated."""
+    values: dict[str, Any] = {}
+    target = getattr(args, "target", None) or environ.get("PROCESSOR_CLASS", "")
+    values["target"] = target.strip()
+    for option in OPTIONS:
+        raw = getattr(args, option.dest, None)
+        source = option.flag
+        if raw is None:
+            for name in option.env:
+                if environ.get(name, "").strip():
+                    raw, source = environ[name], name
+                    break
+        if raw is None:
+            continue
+        try:
+            values[option.dest] = option.parse(str(raw))
+        except ValueError as exc:
+            raise SettingsError(f"{source}={raw!r}: {exc}") from None
+    return Settings(**values)

@@ -1,0 +1,221 @@
+"""One served function: parse request bytes, run the processor, serialise its output.
+
+Shared by the HTTP app and ``python -m runtime invoke`` so that both validate, run and
+fail the same way. Everything that can be decided once (sync or async, which models)
+is decided here at startup, not per request.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from processors_base.models import BaseDataModel, RolloutInput, TaskStatus
+from runtime import errors
+from runtime.loading import Target
+
+__all__ = ["Function", "ProcessorFailure", "RequestError"]
+
+
+class RequestError(Exception):
+    """The client's request is wrong; ``body`` is the JSON error to send back."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.body = errors.error_body(code, message, detail)
+
+
+class ProcessorFailure(Exception):
+    """The processor raised or returned something that is not its output model."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def run_user_code(func: Callable[..., Any], *args: Any) -> Any:
+    """Await async user code on the loop; run sync user code in the bounded thread pool."""
+    if inspect.iscoroutinefunction(func):
+        return await func(*args)
+    result = await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=True)
+    return await _maybe_await(result)
+
+
+class Function:
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.func_type = target.func_type
+        self.input_model = target.input_model
+        self.output_model = target.output_model
+        try:
+            self.processor = target.cls()
+        except Exception as exc:
+            raise ProcessorFailure(
+                "SETUP_FAILED", f"{target.name}() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        process = self.processor.process
+        self._process_is_async = inspect.iscoroutinefunction(process)
+        self._process = process
+        self._validate = self.input_model.model_validate
+        self._func_type_value = self.func_type.value
+        self.failure_template = _failure_template(self.output_model)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        try:
+            await run_user_code(self.processor.setup)
+        except Exception as exc:
+            raise ProcessorFailure(
+                "SETUP_FAILED", f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def shutdown(self) -> None:
+        await run_user_code(self.processor.shutdown)
+
+    # --- the request path ------------------------------------------------------------
+
+    def parse(self, body: bytes) -> BaseDataModel:
+        """Request bytes to the validated input model, or a RequestError (400/422)."""
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            if not body:
+                message = "request body is empty"
+            elif "UTF-8" in str(exc):
+                message = "request body is not valid UTF-8"
+            else:
+                message = f"request body is not valid JSON: {exc}"
+            raise RequestError(400, errors.INVALID_JSON, message) from None
+        if type(data) is not dict:
+            raise RequestError(
+                400, errors.NOT_AN_OBJECT, f"request body must be a JSON object, not {_json_kind(data)}"
+            )
+        sent_type = data.get("func_type")
+        if sent_type is not None and sent_type != self._func_type_value:
+            raise RequestError(
+                422,
+                errors.FUNC_TYPE_MISMATCH,
+                f"func_type {sent_type!r} in the body does not match this function's type "
+                f"{self._func_type_value!r}",
+            )
+        try:
+            return self._validate(data)
+        except ValidationError as exc:
+            raise RequestError(
+                422,
+                errors.INVALID_INPUT,
+                f"request body does not fit {self.input_model.__name__}: {_summary(exc)}",
+                _details(exc),
+            ) from None
+
+    async def process(self, input_data: BaseDataModel) -> bytes:
+        """Run the processor on one input; the serialised output, or ProcessorFailure."""
+        try:
+            if self._process_is_async:
+                result = await self._process(input_data)
+            else:
+                result = await anyio.to_thread.run_sync(
+                    self._process, input_data, abandon_on_cancel=True
+                )
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            raise ProcessorFailure(errors.PROCESSOR_ERROR, redact(message, input_data)) from exc
+        return self.serialise(result)
+
+    def serialise(self, result: Any) -> bytes:
+        output_model = self.output_model
+        if not isinstance(result, output_model):
+            result = self._coerce(result)
+        try:
+            return result.__pydantic_serializer__.to_json(result)
+        except Exception as exc:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT, f"output of process() is not serialisable: {exc}"
+            ) from exc
+
+    def _coerce(self, result: Any) -> BaseModel:
+        name = self.output_model.__name__
+        if isinstance(result, BaseModel):  # the same shape from another package (the SDK's)
+            data: Any = result.model_dump()
+        elif isinstance(result, dict):
+            data = result
+        else:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT,
+                f"process() returned {type(result).__name__}, expected {name} (or a dict of its shape)",
+            )
+        try:
+            return self.output_model.model_validate(data)
+        except ValidationError as exc:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT, f"process() returned a value that is not a {name}: {_summary(exc)}"
+            ) from None
+
+    def failure(self, code: str, message: str) -> bytes:
+        """The output shape with status "failed", for a request the processor could not serve."""
+        return orjson.dumps({**self.failure_template, "error": message, "error_code": code})
+
+
+def redact(message: str, input_data: Any) -> str:
+    """Blank the request's own api_key out of a message before it leaves the process."""
+    if isinstance(input_data, RolloutInput):
+        secret = input_data.model_resource.api_key.get_secret_value()
+        if secret and secret in message:
+            message = message.replace(secret, "**********")
+    return message
+
+
+def _failure_template(output_model: type[BaseModel]) -> dict[str, Any]:
+    fields = output_model.model_fields
+    template: dict[str, Any] = {}
+    if "agent_output" in fields:
+        template["agent_output"] = None
+    if "reward" in fields:
+        reward_type = fields["reward"].annotation
+        empty_group = reward_type is not None and "rewards" in getattr(reward_type, "model_fields", {})
+        template["reward"] = {"rewards": []} if empty_group else {"reward_score": 0.0, "reward_metrics": None}
+    template["status"] = TaskStatus.FAILED.value
+    return template
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(body)"
+
+
+def _details(exc: ValidationError) -> list[dict[str, Any]]:
+    # Never echo the offending input: it may be (or contain) a secret.
+    return [
+        {"loc": list(e["loc"]), "field": _loc(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+
+
+def _summary(exc: ValidationError, limit: int = 5) -> str:
+    items = exc.errors(include_url=False, include_input=False, include_context=False)
+    parts = [f"{_loc(e['loc'])}: {e['msg']}" for e in items[:limit]]
+    if len(items) > limit:
+        parts.append(f"and {len(items) - limit} more")
+    return "; ".join(parts)

@@ -1,0 +1,115 @@
+"""Resolve a target (``pkg.module:Class``, ``pkg.module.Class`` or ``file.py:Class``) to a
+processor class and its function type."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from processors_base.models import BaseDataModel, FunctionType, WireModel
+from processors_base.processors import AbstractProcessor
+
+__all__ = ["Target", "TargetError", "load_target"]
+
+
+class TargetError(Exception):
+    """The target cannot be served; the message says which target and why, in one line."""
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str
+    cls: type[AbstractProcessor]
+    func_type: FunctionType
+    input_model: type[BaseDataModel]
+    output_model: type[WireModel]
+
+    @property
+    def name(self) -> str:
+        return self.cls.__name__
+
+
+def load_target(
+    spec: str, workspace: str | Path = ".", expected: FunctionType | str | None = None
+) -> Target:
+    """Import ``spec`` from ``workspace`` (put first on ``sys.path``) and check it is servable."""
+    spec = spec.strip()
+    if not spec:
+        raise TargetError("no target given: pass module:Class (or set PROCESSOR_CLASS)")
+    root = Path(workspace).resolve()
+    if not root.is_dir():
+        raise TargetError(f"workspace {str(workspace)!r} is not a directory")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+    module_part, _, class_name = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
+    if not module_part or not class_name:
+        raise TargetError(
+            f"target {spec!r} is not of the form package.module:Class, package.module.Class "
+            "or path/to/file.py:Class"
+        )
+    module = _import(module_part, root)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise TargetError(f"module {module.__name__!r} has no attribute {class_name!r}")
+    func_type = _function_type_of(cls, spec)
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise TargetError(f"{spec}: {class_name} is abstract (does not implement {missing})")
+    if expected is not None and str(expected) != func_type.value:
+        raise TargetError(
+            f"{spec}: the function type was given as {str(expected)!r}, "
+            f"but {class_name} is a {func_type.value!r} processor"
+        )
+    return Target(spec, cls, func_type, cls.input_model, cls.output_model)
+
+
+def _import(module_part: str, root: Path) -> ModuleType:
+    try:
+        if module_part.endswith(".py"):
+            return _import_file(Path(module_part), root)
+        return importlib.import_module(module_part)
+    except TargetError:
+        raise
+    except SyntaxError as exc:
+        raise TargetError(
+            f"importing {module_part!r} failed: SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from exc
+    except BaseException as exc:  # SystemExit from a module body is an import failure too
+        raise TargetError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: Path, root: Path) -> ModuleType:
+    path = (root / path).resolve()
+    if not path.is_file():
+        raise TargetError(f"file {str(path)!r} does not exist")
+    try:  # inside the workspace: import by dotted name so relative imports work
+        dotted = ".".join(path.relative_to(root).with_suffix("").parts)
+        return importlib.import_module(dotted)
+    except ValueError:
+        pass
+    name = f"_target_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot load {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _function_type_of(cls: object, spec: str) -> FunctionType:
+    if not (isinstance(cls, type) and issubclass(cls, AbstractProcessor)):
+        raise TargetError(
+            f"{spec} is not a processor class: derive it from AbstractRolloutProcessor, "
+            "AbstractRewardProcessor or AbstractGroupRewardProcessor"
+        )
+    func_type = getattr(cls, "func_type", None)
+    if not isinstance(func_type, FunctionType):
+        raise TargetError(f"{spec} derives from AbstractProcessor but from none of its three bases")
+    return func_type
