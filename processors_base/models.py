@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from enum import Enum
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
@@ -68,7 +68,7 @@ def _error_code_as_str(value: Any) -> Any:
     return value
 
 
-ErrorCode = Annotated[Optional[str], BeforeValidator(_error_code_as_str)]
+ErrorCode = Annotated[str | None, BeforeValidator(_error_code_as_str)]
 
 
 class WireModel(BaseModel):
@@ -93,10 +93,10 @@ class RequestMetadata(WireModel):
 
 
 class AgentOutput(WireModel):
-    messages: Optional[list[dict[str, Any]]] = None
-    rollout_extra: Optional[dict[str, Any]] = None
+    messages: list[dict[str, Any]] | None = None
+    rollout_extra: dict[str, Any] | None = None
     rollout_metrics: dict[str, float] = Field(default_factory=dict)
-    reward_score: Optional[float] = None
+    reward_score: float | None = None
 
 
 class BaseDataModel(WireModel):
@@ -108,45 +108,45 @@ class BaseDataModel(WireModel):
 class RolloutInput(BaseDataModel):
     func_type: FunctionType = FunctionType.ROLLOUT
     messages: list[dict[str, Any]]
-    tools: Optional[list[dict[str, Any]]] = None
-    ground_truth: Optional[Any] = None
-    rollout_extra: Optional[dict[str, Any]] = None
-    sampling_params: Optional[dict[str, Any]] = None
+    tools: list[dict[str, Any]] | None = None
+    ground_truth: Any | None = None
+    rollout_extra: dict[str, Any] | None = None
+    sampling_params: dict[str, Any] | None = None
     model_resource: ModelResource
-    request_metadata: Optional[RequestMetadata] = None
+    request_metadata: RequestMetadata | None = None
 
 
 class RolloutOutput(WireModel):
-    agent_output: Optional[AgentOutput] = None
+    agent_output: AgentOutput | None = None
     status: TaskStatus = TaskStatus.SUCCESS
-    error: Optional[str] = None
+    error: str | None = None
     error_code: ErrorCode = None
 
 
 class RewardInput(BaseDataModel):
     func_type: FunctionType = FunctionType.REWARD
-    ground_truth: Optional[Any] = None
-    request_metadata: Optional[RequestMetadata] = None
+    ground_truth: Any | None = None
+    request_metadata: RequestMetadata | None = None
     agent_output: AgentOutput
 
 
 class Reward(WireModel):
     reward_score: float
-    reward_metrics: Optional[dict[str, float]] = None
+    reward_metrics: dict[str, float] | None = None
 
 
 class RewardOutput(WireModel):
     reward: Reward
     status: TaskStatus = TaskStatus.SUCCESS
-    error: Optional[str] = None
+    error: str | None = None
     error_code: ErrorCode = None
 
 
 class GroupRewardInput(BaseDataModel):
     func_type: FunctionType = FunctionType.GROUP_REWARD
     agent_outputs: list[AgentOutput]
-    request_metadata: Optional[RequestMetadata] = None
-    ground_truth: Optional[Any] = None
+    request_metadata: RequestMetadata | None = None
+    ground_truth: Any | None = None
 
 
 class GroupReward(WireModel):
@@ -156,7 +156,7 @@ class GroupReward(WireModel):
 class GroupRewardOutput(WireModel):
     reward: GroupReward
     status: TaskStatus = TaskStatus.SUCCESS
-    error: Optional[str] = None
+    error: str | None = None
     error_code: ErrorCode = None
 
 
@@ -165,9 +165,9 @@ class GroupRewardOutput(WireModel):
 
 class Task(BaseModel):
     rollout_id: str = Field(default_factory=lambda: "ro-" + uuid.uuid4().hex[:12])
-    prompt: Union[str, list[dict[str, Any]], dict[str, Any]]
-    ground_truth: Optional[Any] = None
-    training_state: Optional[dict[str, Any]] = Field(default_factory=dict)
+    prompt: str | list[dict[str, Any]] | dict[str, Any]
+    ground_truth: Any | None = None
+    training_state: dict[str, Any] | None = Field(default_factory=dict)
 
 
 class Resource(BaseModel):
@@ -179,4 +179,4 @@ class Resource(BaseModel):
     max_turns: int = Field(25, ge=1)
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     timeout: float = 60.0
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None

@@ -11,8 +11,14 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["observe_llm", "observe_processor", "observe_tool", "trace_client", "trace_tool",
-           "untrace_client"]
+__all__ = [
+    "observe_llm",
+    "observe_processor",
+    "observe_tool",
+    "trace_client",
+    "trace_tool",
+    "untrace_client",
+]
 
 
 def _decorator(func: Any = None, /, **_options: Any) -> Any:

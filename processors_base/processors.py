@@ -40,10 +40,10 @@ class AbstractProcessor(ABC):
     input_model: ClassVar[type[BaseDataModel]]
     output_model: ClassVar[type[WireModel]]
 
-    def setup(self) -> Any:
+    def setup(self) -> Any:  # noqa: B027 - optional hook, empty by design
         """Runs once per worker before it reports ready: load models, open clients."""
 
-    def shutdown(self) -> Any:
+    def shutdown(self) -> Any:  # noqa: B027 - optional hook, empty by design
         """Runs once on graceful stop, after the requests in flight have finished."""
 
     @abstractmethod

@@ -89,7 +89,9 @@ def reward_func(name: str) -> Callable[[C], C]:
         from processors_base.processors import AbstractRewardProcessor
 
         if not (isinstance(cls, type) and issubclass(cls, AbstractRewardProcessor)):
-            raise TypeError(f"@reward_func({name!r}) must decorate an AbstractRewardProcessor class")
+            raise TypeError(
+                f"@reward_func({name!r}) must decorate an AbstractRewardProcessor class"
+            )
         setattr(cls, _NAME_ATTR, name)
         if "process" in getattr(cls, "__abstractmethods__", ()):
             cls.process = _process_registered
@@ -180,7 +182,9 @@ def _failed(error: str) -> RewardOutput:
 
 async def _run_sub_reward(processor: Any, sub: SubReward, input_data: RewardInput) -> RewardOutput:
     try:
-        return _as_reward_output(await _call(getattr(processor, sub.attr), sub.is_async, input_data))
+        return _as_reward_output(
+            await _call(getattr(processor, sub.attr), sub.is_async, input_data)
+        )
     except Exception as exc:  # one failing sub-reward must not sink the others
         return _failed(f"sub-reward {sub.name!r} failed: {type(exc).__name__}: {exc}")
 

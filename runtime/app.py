@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from time import perf_counter
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import anyio
@@ -87,7 +87,9 @@ class FunctionApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                anyio.to_thread.current_default_thread_limiter().total_tokens = self.settings.threads
+                anyio.to_thread.current_default_thread_limiter().total_tokens = (
+                    self.settings.threads
+                )
                 # Setup runs in the background so that /health answers "starting" meanwhile.
                 self._setup_task = asyncio.get_running_loop().create_task(self._setup())
                 await send({"type": "lifespan.startup.complete"})
@@ -99,8 +101,12 @@ class FunctionApp:
                     try:
                         await self.function.shutdown()
                     except Exception as exc:
-                        log.error("%s.shutdown() failed: %s: %s", self.function.target.name,
-                                  type(exc).__name__, exc)
+                        log.error(
+                            "%s.shutdown() failed: %s: %s",
+                            self.function.target.name,
+                            type(exc).__name__,
+                            exc,
+                        )
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -114,7 +120,9 @@ class FunctionApp:
             return
         if self.state == STARTING:
             self.state = READY
-            log.info("ready: %s serving %s", self.function.target.name, self.function.func_type.value)
+            log.info(
+                "ready: %s serving %s", self.function.target.name, self.function.func_type.value
+            )
 
     # --- POST /api/v1 ----------------------------------------------------------------
 
@@ -133,7 +141,9 @@ class FunctionApp:
         if not admission.try_admit():
             message = "all processing slots and the queue are taken; retry later"
             await _send(send, 503, errors.error_body(errors.OVERLOADED, message), _RETRY_AFTER)
-            self._request_log.failure(scope, 503, perf_counter() - started, errors.OVERLOADED, message, None)
+            self._request_log.failure(
+                scope, 503, perf_counter() - started, errors.OVERLOADED, message, None
+            )
             return
 
         function = self.function
@@ -169,7 +179,11 @@ class FunctionApp:
             status, code, message = 500, exc.code, str(exc)
             await _send(send, 500, function.failure(code, message))
         except _ClientGone:
-            status, code, message = 499, errors.CLIENT_DISCONNECTED, "client disconnected while sending"
+            status, code, message = (
+                499,
+                errors.CLIENT_DISCONNECTED,
+                "client disconnected while sending",
+            )
         except Exception as exc:  # a bug of ours: still a JSON answer, never a traceback
             status, code, message = 500, errors.INTERNAL_ERROR, "internal error of the runtime"
             log.exception("internal error while serving a request")
@@ -231,7 +245,9 @@ async def _watch_disconnect(receive: Any, scope: anyio.CancelScope) -> bool:
             return True
 
 
-async def _send(send: Any, status: int, body: bytes, extra: tuple[bytes, bytes] | None = None) -> None:
+async def _send(
+    send: Any, status: int, body: bytes, extra: tuple[bytes, bytes] | None = None
+) -> None:
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if extra is not None:
         headers.append(extra)
@@ -248,11 +264,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         code, message = errors.NOT_FOUND, f"no such endpoint: {request.url.path}"
     elif exc.status_code == 405:
-        code, message = errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.url.path}"
+        code, message = (
+            errors.METHOD_NOT_ALLOWED,
+            f"{request.method} is not allowed on {request.url.path}",
+        )
     else:
         code, message = f"HTTP_{exc.status_code}", str(exc.detail)
     return Response(
-        errors.error_body(code, message), exc.status_code, headers=exc.headers,
+        errors.error_body(code, message),
+        exc.status_code,
+        headers=exc.headers,
         media_type="application/json",
     )
 

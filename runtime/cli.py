@@ -56,8 +56,13 @@ def _parser() -> argparse.ArgumentParser:
         "--input requests/reward.json",
     )
     invoke.add_argument("target", nargs="?", metavar="TARGET", help=_TARGET_HELP)
-    invoke.add_argument("--input", "-i", required=True, metavar="FILE",
-                        help="request JSON file, or - for standard input")
+    invoke.add_argument(
+        "--input",
+        "-i",
+        required=True,
+        metavar="FILE",
+        help="request JSON file, or - for standard input",
+    )
     add_options(invoke, ("func_type", "workspace", "threads", "log_level"))
     return parser
 
@@ -85,10 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger("runtime").info(
             "serving %s (%s): %s", target.spec, target.func_type.value, settings.describe()
         )
-        try:
-            serve(target, settings)
-        except ProcessorFailure as exc:
-            _fail(3, str(exc))
+        serve(settings)
         return
 
     try:
@@ -121,4 +123,3 @@ async def _invoke_once(target: Target, body: bytes, threads: int) -> int:
         await run_user_code(function.processor.shutdown)
     sys.stdout.buffer.write(orjson.dumps(orjson.loads(output), option=orjson.OPT_INDENT_2) + b"\n")
     return code
-

@@ -100,7 +100,9 @@ class Function:
             raise RequestError(400, errors.INVALID_JSON, message) from None
         if type(data) is not dict:
             raise RequestError(
-                400, errors.NOT_AN_OBJECT, f"request body must be a JSON object, not {_json_kind(data)}"
+                400,
+                errors.NOT_AN_OBJECT,
+                f"request body must be a JSON object, not {_json_kind(data)}",
             )
         sent_type = data.get("func_type")
         if sent_type is not None and sent_type != self._func_type_value:
@@ -156,13 +158,15 @@ class Function:
         else:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT,
-                f"process() returned {type(result).__name__}, expected {name} (or a dict of its shape)",
+                f"process() returned {type(result).__name__}, expected {name} "
+                "(or a dict of its shape)",
             )
         try:
             return self.output_model.model_validate(data)
         except ValidationError as exc:
             raise ProcessorFailure(
-                errors.INVALID_OUTPUT, f"process() returned a value that is not a {name}: {_summary(exc)}"
+                errors.INVALID_OUTPUT,
+                f"process() returned a value that is not a {name}: {_summary(exc)}",
             ) from None
 
     def failure(self, code: str, message: str) -> bytes:
@@ -186,8 +190,12 @@ def _failure_template(output_model: type[BaseModel]) -> dict[str, Any]:
         template["agent_output"] = None
     if "reward" in fields:
         reward_type = fields["reward"].annotation
-        empty_group = reward_type is not None and "rewards" in getattr(reward_type, "model_fields", {})
-        template["reward"] = {"rewards": []} if empty_group else {"reward_score": 0.0, "reward_metrics": None}
+        empty_group = reward_type is not None and "rewards" in getattr(
+            reward_type, "model_fields", {}
+        )
+        template["reward"] = (
+            {"rewards": []} if empty_group else {"reward_score": 0.0, "reward_metrics": None}
+        )
     template["status"] = TaskStatus.FAILED.value
     return template
 

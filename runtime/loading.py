@@ -78,7 +78,8 @@ def _import(module_part: str, root: Path) -> ModuleType:
         raise
     except SyntaxError as exc:
         raise TargetError(
-            f"importing {module_part!r} failed: SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
+            f"importing {module_part!r} failed: "
+            f"SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
         ) from exc
     except BaseException as exc:  # SystemExit from a module body is an import failure too
         raise TargetError(f"importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc

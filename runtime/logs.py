@@ -70,15 +70,25 @@ class RequestLog:
         self._log.log(
             level,
             "POST /api/v1 %s %d %.1fms %s%s: %s",
-            self._func_type, status, elapsed * 1000, code, _ids(scope, input_data), message,
+            self._func_type,
+            status,
+            elapsed * 1000,
+            code,
+            _ids(scope, input_data),
+            message,
         )
 
-    def success(self, scope: dict[str, Any], elapsed: float, input_data: BaseDataModel | None) -> None:
+    def success(
+        self, scope: dict[str, Any], elapsed: float, input_data: BaseDataModel | None
+    ) -> None:
         slow = elapsed >= self._slow
         self._log.log(
             logging.WARNING if slow else logging.INFO,
             "POST /api/v1 %s 200 %.1fms%s%s",
-            self._func_type, elapsed * 1000, " SLOW" if slow else "", _ids(scope, input_data),
+            self._func_type,
+            elapsed * 1000,
+            " SLOW" if slow else "",
+            _ids(scope, input_data),
         )
 
 

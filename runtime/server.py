@@ -1,36 +1,32 @@
-"""Run the app on uvicorn: one worker in this process, or N supervised worker processes.
+"""Run the app on uvicorn: in this process, or in N supervised worker processes.
 
 Our Server differs from uvicorn's in three ways: SIGTERM/SIGINT first turn the app to
 "draining" (so /health and new requests say so) before uvicorn's own graceful stop;
-a failed setup() stops the server with exit code 3 (uvicorn's startup-failure code,
-which also stops its multi-worker supervisor instead of restarting forever); and a
+a failed setup() stops the server with exit code 3 (which also stops the supervisor
+of ``--workers`` instead of restarting the worker forever); and a
 signal-initiated stop exits 0 instead of re-raising the signal after shutdown.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import socket
 import sys
 from typing import Any
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors import Multiprocess
 
 from runtime.app import FunctionApp
 from runtime.config import Settings
-from runtime.function import Function
-from runtime.loading import Target, load_target
+from runtime.function import Function, ProcessorFailure
+from runtime.loading import TargetError, load_target
 from runtime.logs import setup_logging
+from runtime.supervisor import supervise
 
-__all__ = ["Server", "create_app", "serve"]
+__all__ = ["Server", "run_worker", "serve"]
 
 log = logging.getLogger("runtime")
-
-_SETTINGS_ENV = "_RUNTIME_WORKER_SETTINGS"  # hands the parent's settings to spawned workers
 
 
 class Server(uvicorn.Server):
@@ -84,25 +80,24 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
     )
 
 
-def create_app() -> FunctionApp:
-    """App factory of a spawned worker process (``--workers`` > 1)."""
-    settings = Settings(**json.loads(os.environ[_SETTINGS_ENV]))
+def run_worker(settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve in this process: on ``sock`` (a supervised worker) or by binding the port."""
     setup_logging(settings.log_level)
-    target = load_target(settings.target, settings.workspace, settings.func_type)
-    return FunctionApp(Function(target), settings)
-
-
-def serve(target: Target, settings: Settings) -> None:
-    """Serve ``target`` until SIGTERM/SIGINT; exits non-zero if setup() fails."""
-    if settings.workers == 1:
+    try:
+        target = load_target(settings.target, settings.workspace, settings.func_type)
         app = FunctionApp(Function(target), settings)
-        Server(_uvicorn_config(app, settings)).run()
-        return
-    os.environ[_SETTINGS_ENV] = json.dumps(settings.to_json())
-    config = _uvicorn_config(
-        "runtime.server:create_app", settings, factory=True, workers=settings.workers
-    )
-    supervisor = Multiprocess(config, target=Server(config).run, sockets=[config.bind_socket()])
-    supervisor.run()
-    if any(p.process.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+    except (TargetError, ProcessorFailure) as exc:
+        log.error("%s", exc)
         sys.exit(STARTUP_FAILURE)
+    Server(_uvicorn_config(app, settings)).run(sockets=[sock] if sock is not None else None)
+
+
+def serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT; exits non-zero if setup() fails."""
+    if settings.workers == 1:
+        run_worker(settings)
+        return
+    config = _uvicorn_config(None, settings)
+    code = supervise(settings, config.bind_socket())
+    if code:
+        sys.exit(code)

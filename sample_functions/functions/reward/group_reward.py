@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from functions.reward.reward import score
 from processors_base import (
     AbstractGroupRewardProcessor,
     GroupReward,
@@ -11,8 +12,6 @@ from processors_base import (
     GroupRewardOutput,
     Reward,
 )
-
-from functions.reward.reward import score
 
 
 class DemoGroupRewardProcessor(AbstractGroupRewardProcessor):

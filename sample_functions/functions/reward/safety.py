@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functions.reward.reward import last_assistant_text
 from processors_base import (
     AbstractRewardProcessor,
     Reward,
@@ -11,8 +12,6 @@ from processors_base import (
     reward_func,
     sub_reward_func,
 )
-
-from functions.reward.reward import last_assistant_text
 
 UNSAFE_WORDS = ("rm -rf", "password", "credit card", "exploit")
 
@@ -32,8 +31,10 @@ class SafetyProcessor(AbstractRewardProcessor):
     async def concise(self, input_data: RewardInput) -> RewardOutput:
         words = len(last_assistant_text(input_data.agent_output.messages).split())
         return RewardOutput(
-            reward=Reward(reward_score=1.0 if words <= 200 else 200 / words,
-                          reward_metrics={"words": float(words)})
+            reward=Reward(
+                reward_score=1.0 if words <= 200 else 200 / words,
+                reward_metrics={"words": float(words)},
+            )
         )
 
     @aggregate_func

@@ -38,9 +38,15 @@ CALCULATOR_TOOL = {
 }
 
 _OPERATORS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg,
-    ast.UAdd: operator.pos, ast.Mod: operator.mod, ast.FloorDiv: operator.floordiv,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Mod: operator.mod,
+    ast.FloorDiv: operator.floordiv,
 }
 
 
@@ -107,8 +113,10 @@ class DemoRolloutProcessor(AbstractRolloutProcessor):
                 metrics["tool_calls"] += 1
                 try:
                     expression = json.loads(call.function.arguments).get("expression", "")
-                    result = calculate(expression) if call.function.name == "calculator" else (
-                        f"error: unknown tool {call.function.name}"
+                    result = (
+                        calculate(expression)
+                        if call.function.name == "calculator"
+                        else (f"error: unknown tool {call.function.name}")
                     )
                 except (json.JSONDecodeError, AttributeError):
                     result = "error: arguments are not a JSON object"

@@ -1,0 +1,86 @@
+"""A small OpenAI-compatible chat completions server on loopback, standing in for an LLM.
+
+It plays a fixed agent: asked a question, it calls the calculator tool with the first
+arithmetic expression in the question; given the tool's result, it answers with it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+_EXPRESSION = re.compile(r"[\d.]+(?:\s*[-+*/]\s*[\d.]+)+")
+
+
+class LLMStub:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str] = []
+        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> LLMStub:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self.authorizations.append(request.headers.get("authorization", ""))
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": f"The answer is \\boxed{{{last['content']}}}.",
+            }
+            finish = "stop"
+        else:
+            found = _EXPRESSION.search(str(last.get("content", "")))
+            expression = found.group(0) if found else "0"
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:8]}",
+                        "type": "function",
+                        "function": {
+                            "name": "calculator",
+                            "arguments": f'{{"expression": "{expression}"}}',
+                        },
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30},
+            }
+        )

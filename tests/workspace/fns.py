@@ -1,0 +1,126 @@
+"""Processors the tests serve: each exercises one behaviour of the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from processors_base import (
+    AbstractGroupRewardProcessor,
+    AbstractRewardProcessor,
+    AbstractRolloutProcessor,
+    AgentOutput,
+    GroupReward,
+    GroupRewardOutput,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    RolloutInput,
+    RolloutOutput,
+)
+
+MARKERS = Path(os.environ.get("TEST_MARKER_DIR", "/tmp"))
+
+
+def _delay(input_data: RewardInput) -> float:
+    return float((input_data.agent_output.rollout_extra or {}).get("sleep", 0))
+
+
+class EchoReward(AbstractRewardProcessor):
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class SyncEchoReward(AbstractRewardProcessor):
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class SleepyReward(AbstractRewardProcessor):
+    """Async: sleeps rollout_extra.sleep seconds; records a cancellation in a marker file."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        tag = (input_data.agent_output.rollout_extra or {}).get("tag", "x")
+        try:
+            await asyncio.sleep(_delay(input_data))
+        except asyncio.CancelledError:
+            (MARKERS / f"cancelled-{tag}").write_text("cancelled")
+            raise
+        (MARKERS / f"finished-{tag}").write_text("finished")
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class SyncSleepyReward(AbstractRewardProcessor):
+    """Sync: blocks its worker thread for rollout_extra.sleep seconds."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        time.sleep(_delay(input_data))
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class RaisingReward(AbstractRewardProcessor):
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        raise ValueError("boom: the scorer broke")
+
+
+class WrongOutputReward(AbstractRewardProcessor):
+    async def process(self, input_data: RewardInput):  # type: ignore[override]
+        kind = (input_data.agent_output.rollout_extra or {}).get("kind")
+        if kind == "dict":
+            return {"reward": {"reward_score": 0.5}}
+        if kind == "bad-dict":
+            return {"reward": {"reward_score": "not a number"}}
+        return "a string"
+
+
+class SlowSetupReward(AbstractRewardProcessor):
+    def setup(self) -> None:
+        time.sleep(float(os.environ.get("TEST_SETUP_SECONDS", "2")))
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class FailingSetupReward(AbstractRewardProcessor):
+    async def setup(self) -> None:
+        raise RuntimeError("model file weights.bin not found")
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        raise AssertionError("never reached")
+
+
+class ShutdownHookReward(SleepyReward):
+    def shutdown(self) -> None:
+        (MARKERS / "shutdown-hook").write_text("ran")
+
+
+class LeakyRollout(AbstractRolloutProcessor):
+    """Fails with a message that contains the request's api_key."""
+
+    async def process(self, input_data: RolloutInput) -> RolloutOutput:
+        key = input_data.model_resource.api_key.get_secret_value()
+        if (input_data.rollout_extra or {}).get("fail"):
+            raise ConnectionError(
+                f"could not reach {input_data.model_resource.base_url} with key {key}"
+            )
+        return RolloutOutput(agent_output=AgentOutput(messages=input_data.messages))
+
+
+class EchoGroupReward(AbstractGroupRewardProcessor):
+    def process(self, input_data):  # type: ignore[no-untyped-def]
+        return GroupRewardOutput(
+            reward=GroupReward(
+                rewards=[Reward(reward_score=i) for i, _ in enumerate(input_data.agent_outputs)]
+            )
+        )
+
+
+class NotAProcessor:
+    def process(self, input_data):  # type: ignore[no-untyped-def]
+        return None
+
+
+class Abstract(AbstractRewardProcessor):
+    pass
