@@ -14,7 +14,7 @@ import anyio.to_thread
 import orjson
 
 from runtime.config import SettingsError, add_options, resolve
-from runtime.function import Function, ProcessorFailure, RequestError, run_user_code
+from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.loading import Target, TargetError, load_target
 from runtime.logs import setup_logging
 
@@ -87,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "serve":
         from runtime.server import serve  # uvicorn is only needed to serve
 
-        logging.getLogger("runtime").info(
+        startup = logging.getLogger("runtime.startup")
+        startup.setLevel(logging.INFO)  # the effective configuration shows at any log level
+        startup.info(
             "serving %s (%s): %s", target.spec, target.func_type.value, settings.describe()
         )
         serve(settings)
@@ -120,6 +122,6 @@ async def _invoke_once(target: Target, body: bytes, threads: int) -> int:
         output, code = function.failure(exc.code, str(exc)), 1
         print(f"error: {exc}", file=sys.stderr)
     finally:
-        await run_user_code(function.processor.shutdown)
+        await function.shutdown()
     sys.stdout.buffer.write(orjson.dumps(orjson.loads(output), option=orjson.OPT_INDENT_2) + b"\n")
     return code

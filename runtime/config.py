@@ -94,9 +94,12 @@ def _func_type(text: str) -> str:
     return lowered
 
 
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
 def _level(text: str) -> str:
     lowered = text.strip().lower()
-    if lowered not in ("debug", "info", "warning", "error", "critical"):
+    if lowered not in _LEVELS:
         raise ValueError("must be debug, info, warning, error or critical")
     return lowered
 
@@ -243,4 +246,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             values[option.dest] = option.parse(str(raw))
         except ValueError as exc:
             raise SettingsError(f"{source}={raw!r}: {exc}") from None
+    # The SDK's switch: ENABLE_LOGGING=false hides info lines, unless --log-level says otherwise.
+    quiet = environ.get("ENABLE_LOGGING", "").strip().lower() in ("false", "0", "no", "off")
+    if quiet and getattr(args, "log_level", None) is None:
+        values["log_level"] = max(values.get("log_level", "info"), "warning", key=_LEVELS.index)
     return Settings(**values)

@@ -1,8 +1,8 @@
 """Stable machine codes of every error the runtime answers with, and the JSON body.
 
-Every error body carries ``status: "failed"``, a human ``error`` message and an
-``error_code`` from this list (the README's error table mirrors it); 422s add
-``detail``: one entry per offending field.
+Every error body carries ``status: "failed"``, a human ``error`` message, an
+``error_code`` from this list (the README's error table mirrors it) and ``detail``:
+one entry per offending field for INVALID_INPUT, else the message again.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ CLIENT_DISCONNECTED = "CLIENT_DISCONNECTED"
 
 
 def error_body(code: str, message: str, detail: Any = None) -> bytes:
-    body: dict[str, Any] = {"status": "failed", "error": message, "error_code": code}
-    if detail is not None:
-        body["detail"] = detail
-    return orjson.dumps(body)
+    # ``detail`` is also where FastAPI-style clients (the SDK server's) look for the reason.
+    body = {"status": "failed", "error": message, "error_code": code}
+    return orjson.dumps({**body, "detail": message if detail is None else detail})

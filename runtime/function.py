@@ -15,7 +15,7 @@ import anyio.to_thread
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from processors_base.models import BaseDataModel, RolloutInput, TaskStatus
+from processors_base.models import BaseDataModel, TaskStatus
 from runtime import errors
 from runtime.loading import Target
 
@@ -74,15 +74,20 @@ class Function:
     # --- lifecycle -------------------------------------------------------------------
 
     async def setup(self) -> None:
+        setup = getattr(self.processor, "setup", None)
+        if setup is None:
+            return
         try:
-            await run_user_code(self.processor.setup)
+            await run_user_code(setup)
         except Exception as exc:
             raise ProcessorFailure(
                 "SETUP_FAILED", f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}"
             ) from exc
 
     async def shutdown(self) -> None:
-        await run_user_code(self.processor.shutdown)
+        shutdown = getattr(self.processor, "shutdown", None)  # the SDK's bases have none
+        if shutdown is not None:
+            await run_user_code(shutdown)
 
     # --- the request path ------------------------------------------------------------
 
@@ -176,10 +181,10 @@ class Function:
 
 def redact(message: str, input_data: Any) -> str:
     """Blank the request's own api_key out of a message before it leaves the process."""
-    if isinstance(input_data, RolloutInput):
-        secret = input_data.model_resource.api_key.get_secret_value()
-        if secret and secret in message:
-            message = message.replace(secret, "**********")
+    api_key = getattr(getattr(input_data, "model_resource", None), "api_key", None)
+    secret = api_key.get_secret_value() if api_key is not None else ""
+    if secret and secret in message:
+        message = message.replace(secret, "**********")
     return message
 
 

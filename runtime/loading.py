@@ -10,9 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from processors_base.models import BaseDataModel, FunctionType, WireModel
+from processors_base.models import FunctionType, WireModel
 from processors_base.processors import AbstractProcessor
+from runtime import sdk_compat
 
 __all__ = ["Target", "TargetError", "load_target"]
 
@@ -24,9 +26,9 @@ class TargetError(Exception):
 @dataclass(frozen=True)
 class Target:
     spec: str
-    cls: type[AbstractProcessor]
+    cls: type[Any]  # ours, or derived from the installed DashScope SDK's bases
     func_type: FunctionType
-    input_model: type[BaseDataModel]
+    input_model: type[Any]
     output_model: type[WireModel]
 
     @property
@@ -53,11 +55,12 @@ def load_target(
             f"target {spec!r} is not of the form package.module:Class, package.module.Class "
             "or path/to/file.py:Class"
         )
+    sdk_compat.install()  # code written for the DashScope SDK imports its paths
     module = _import(module_part, root)
     cls = getattr(module, class_name, None)
     if cls is None:
         raise TargetError(f"module {module.__name__!r} has no attribute {class_name!r}")
-    func_type = _function_type_of(cls, spec)
+    func_type, input_model, output_model = _kind_of(cls, spec)
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise TargetError(f"{spec}: {class_name} is abstract (does not implement {missing})")
@@ -66,7 +69,7 @@ def load_target(
             f"{spec}: the function type was given as {str(expected)!r}, "
             f"but {class_name} is a {func_type.value!r} processor"
         )
-    return Target(spec, cls, func_type, cls.input_model, cls.output_model)
+    return Target(spec, cls, func_type, input_model, output_model)
 
 
 def _import(module_part: str, root: Path) -> ModuleType:
@@ -104,13 +107,19 @@ def _import_file(path: Path, root: Path) -> ModuleType:
     return module
 
 
-def _function_type_of(cls: object, spec: str) -> FunctionType:
-    if not (isinstance(cls, type) and issubclass(cls, AbstractProcessor)):
+def _kind_of(cls: object, spec: str) -> tuple[FunctionType, type[Any], type[WireModel]]:
+    """Function type, input model and output model of a processor class."""
+    if isinstance(cls, type) and issubclass(cls, AbstractProcessor):
+        func_type = getattr(cls, "func_type", None)
+        if not isinstance(func_type, FunctionType):
+            raise TargetError(
+                f"{spec} derives from AbstractProcessor but from none of its three bases"
+            )
+        return func_type, cls.input_model, cls.output_model
+    recognised = sdk_compat.recognise(cls) if isinstance(cls, type) else None
+    if recognised is None:
         raise TargetError(
             f"{spec} is not a processor class: derive it from AbstractRolloutProcessor, "
             "AbstractRewardProcessor or AbstractGroupRewardProcessor"
         )
-    func_type = getattr(cls, "func_type", None)
-    if not isinstance(func_type, FunctionType):
-        raise TargetError(f"{spec} derives from AbstractProcessor but from none of its three bases")
-    return func_type
+    return recognised

@@ -29,18 +29,23 @@ class Server:
     """A ``python -m runtime serve`` subprocess on a free loopback port."""
 
     def __init__(
-        self, target: str, *args: str, workspace: Path = TESTS, env: dict[str, str] | None = None
+        self,
+        target: str,
+        *args: str,
+        workspace: Path = TESTS,
+        env: dict[str, str] | None = None,
+        python: str = sys.executable,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workspace.parent / ".pytest_cache" / f"server-{self.port}.log"
+        self.log_path = ROOT / ".pytest_cache" / f"server-{self.port}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         for name in ("PROCESSOR_CLASS", "FUNC_TYPE", "PORT", "SERVER_PORT", "WORKERS_COUNT"):
             if env is None or name not in env:
                 full_env.pop(name, None)
-        command = [sys.executable, "-m", "runtime", "serve"]
+        command = [python, "-m", "runtime", "serve"]
         if target:
             command.append(target)
         command += ["--host", "127.0.0.1", "--port", str(self.port), *args]
