@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -188,21 +189,24 @@ def check_all_functions(start_server, python: str) -> None:
 
 @without_sdk
 def test_every_sdk_path_resolves_to_ours_only_under_the_runtime():
-    code = (
-        "import importlib, json\n"
-        "from runtime import sdk_compat\n"
-        "import processors_base\n"
-        "try:\n    import dashscope\n    before = 'importable'\nexcept ImportError:\n    before = 'absent'\n"
-        "assert sdk_compat.install()\n"
-        f"modules = {SDK_MODULES!r}\n"
-        "missing = [f'{m}.{n}' for m, names in modules.items() for n in names\n"
-        "           if not hasattr(importlib.import_module(m), n)]\n"
-        "r = importlib.import_module('dashscope.finetune.reinforcement')\n"
-        "same = r.AbstractRewardProcessor is processors_base.AbstractRewardProcessor\n"
-        "sdk_compat.uninstall()\n"
-        "try:\n    import dashscope\n    after = 'importable'\nexcept ImportError:\n    after = 'absent'\n"
-        "print(json.dumps([before, missing, same, after]))\n"
-    )
+    code = textwrap.dedent(f"""
+        import importlib, importlib.util, json
+        import processors_base
+        from runtime import sdk_compat
+
+        def state():
+            return "importable" if importlib.util.find_spec("dashscope") else "absent"
+
+        before = state()
+        assert sdk_compat.install()
+        modules = {SDK_MODULES!r}
+        missing = [f"{{m}}.{{n}}" for m, names in modules.items() for n in names
+                   if not hasattr(importlib.import_module(m), n)]
+        r = importlib.import_module("dashscope.finetune.reinforcement")
+        same = r.AbstractRewardProcessor is processors_base.AbstractRewardProcessor
+        sdk_compat.uninstall()
+        print(json.dumps([before, missing, same, state()]))
+    """)
     before, missing, same, after = json.loads(python_says(code))
     assert before == "absent"  # nothing was written into site-packages
     assert missing == []
@@ -277,13 +281,14 @@ def test_invoke_an_sdk_style_function():
 
 @with_sdk
 def test_classes_derive_from_the_installed_sdk():
-    code = (
-        "from runtime.loading import load_target\n"
-        "t = load_target('functions.composite_reward:CompositeReward', '.')\n"
-        "import dashscope.finetune.reinforcement as r\n"
-        "print(t.func_type.value, t.input_model.__module__, issubclass(t.cls, r.AbstractRewardProcessor),"
-        " r.__file__.endswith('dashscope/finetune/reinforcement/__init__.py'))\n"
-    )
+    code = textwrap.dedent("""
+        from runtime.loading import load_target
+        import dashscope.finetune.reinforcement as r
+        t = load_target("functions.composite_reward:CompositeReward", ".")
+        real = r.__file__.endswith("dashscope/finetune/reinforcement/__init__.py")
+        print(t.func_type.value, t.input_model.__module__,
+              issubclass(t.cls, r.AbstractRewardProcessor), real)
+    """)
     assert python_says(code, SDK_PYTHON, WORKSPACE) == (
         "reward dashscope.finetune.reinforcement.component.data.reward_input True True"
     )
