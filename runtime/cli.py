@@ -17,6 +17,7 @@ from runtime.config import SettingsError, add_options, resolve
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.loading import Target, TargetError, load_target
 from runtime.logs import setup_logging
+from runtime.ship import add_ship_arguments, run_build, run_ship
 
 __all__ = ["main"]
 
@@ -64,6 +65,29 @@ def _parser() -> argparse.ArgumentParser:
         help="request JSON file, or - for standard input",
     )
     add_options(invoke, ("func_type", "workspace", "threads", "log_level"))
+
+    build = commands.add_parser(
+        "build",
+        help="build a function image from a workspace (docker CLI)",
+        description="Build the function image of a workspace: the runtime plus the workspace, "
+        "its requirements.txt installed at build time.",
+        epilog="example: python -m runtime build sample_functions --image rl-fn",
+    )
+    build.add_argument("workspace", metavar="WORKSPACE", help="the directory of your functions")
+    build.add_argument("--image", required=True, help="tag of the image to build")
+    build.add_argument("--target", help="check locally first that this module:Class imports")
+
+    ship = commands.add_parser(
+        "ship",
+        help="build, push and register a function with the platform",
+        description="Check the target locally, build the workspace's image, push it, and "
+        "register it with the platform by digest (skipped when the same image and settings "
+        "are already registered). --local runs the built image here instead.",
+        epilog="example: python -m runtime ship sample_functions --target "
+        "functions.reward.reward:DemoRewardProcessor --image 127.0.0.1:5000/demo-reward:v1 "
+        "--platform-url https://platform.example",
+    )
+    add_ship_arguments(ship)
     return parser
 
 
@@ -74,6 +98,10 @@ def _fail(code: int, message: str) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "build":
+        sys.exit(run_build(args.workspace, args.image, args.target))
+    if args.command == "ship":
+        sys.exit(run_ship(args))
     try:
         settings = resolve(args)
     except SettingsError as exc:
