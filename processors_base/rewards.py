@@ -150,11 +150,16 @@ def _build_registry(cls: type) -> RewardRegistry:
     )
 
 
-async def _call(func: Callable[..., Any], is_async: bool, arg: Any) -> Any:
+async def _call(processor: Any, attr: str, is_async: bool, arg: Any) -> Any:
     if is_async:
-        return await func(arg)
-    # Sync user code never runs on the event loop; the runtime bounds this pool.
-    return await anyio.to_thread.run_sync(func, arg, abandon_on_cancel=True)
+        return await getattr(processor, attr)(arg)
+    # Sync user code never runs on the event loop. A runtime may offload it (a bounded
+    # thread pool, or killable child processes) by giving the instance an awaitable
+    # ``_runtime_offload(attr, arg)``; otherwise it runs in anyio's worker threads.
+    offload = getattr(processor, "_runtime_offload", None)
+    if offload is not None:
+        return await offload(attr, arg)
+    return await anyio.to_thread.run_sync(getattr(processor, attr), arg, abandon_on_cancel=True)
 
 
 def _as_reward_output(value: Any) -> RewardOutput:
@@ -182,9 +187,7 @@ def _failed(error: str) -> RewardOutput:
 
 async def _run_sub_reward(processor: Any, sub: SubReward, input_data: RewardInput) -> RewardOutput:
     try:
-        return _as_reward_output(
-            await _call(getattr(processor, sub.attr), sub.is_async, input_data)
-        )
+        return _as_reward_output(await _call(processor, sub.attr, sub.is_async, input_data))
     except Exception as exc:  # one failing sub-reward must not sink the others
         return _failed(f"sub-reward {sub.name!r} failed: {type(exc).__name__}: {exc}")
 
@@ -206,7 +209,7 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
         results = {sub.name: results[sub.name] for sub in subs}  # registration order
 
     if registry.aggregate is not None:
-        return await _call(getattr(self, registry.aggregate), registry.aggregate_is_async, results)
+        return await _call(self, registry.aggregate, registry.aggregate_is_async, results)
     metrics = self.get_scores(results)
     metrics.update(self.get_reward_metrics(results))
     return RewardOutput(reward=Reward(reward_score=self.get_total(results), reward_metrics=metrics))

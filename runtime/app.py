@@ -28,6 +28,7 @@ from runtime.admission import Admission
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog
+from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
 
 __all__ = ["FunctionApp"]
 
@@ -55,14 +56,21 @@ class FunctionApp:
         self._timeout = settings.timeout
         self._max_body = settings.max_body
         self._setup_task: asyncio.Task[None] | None = None
+        self._gauge_task: asyncio.Task[None] | None = None
+        self._setup_ok = False
         self._health_fields = {
             "func_type": function.func_type.value,
             "processor": function.target.name,
             "parser": function.input_model.__name__,
         }
+        self.metrics = Metrics(
+            function.func_type.value,
+            lambda: (self.admission.in_flight, self.admission.queued, function.offload.stuck),
+        )
         self._routes = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/api/v1", self._method_not_allowed, methods=["POST"]),
             ],
             exception_handlers={HTTPException: _http_error, Exception: _internal_error},
@@ -91,24 +99,34 @@ class FunctionApp:
                     self.settings.threads
                 )
                 # Setup runs in the background so that /health answers "starting" meanwhile.
-                self._setup_task = asyncio.get_running_loop().create_task(self._setup())
+                loop = asyncio.get_running_loop()
+                self._setup_task = loop.create_task(self._setup())
+                self._gauge_task = loop.create_task(self._refresh_gauges())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.state = DRAINING
-                if self._setup_task is not None and not self._setup_task.done():
+                if self._gauge_task is not None:
+                    self._gauge_task.cancel()
+                ran_setup = self._setup_task is not None and self._setup_task.done()
+                if self._setup_task is not None and not ran_setup:
                     self._setup_task.cancel()
-                else:
-                    try:
-                        await self.function.shutdown()
-                    except Exception as exc:
-                        log.error(
-                            "%s.shutdown() failed: %s: %s",
-                            self.function.target.name,
-                            type(exc).__name__,
-                            exc,
-                        )
+                try:  # shutdown() only after a setup() that succeeded; pools always close
+                    await self.function.shutdown(run_hook=ran_setup and self._setup_ok)
+                except Exception as exc:
+                    log.error(
+                        "%s.shutdown() failed: %s: %s",
+                        self.function.target.name,
+                        type(exc).__name__,
+                        exc,
+                    )
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _refresh_gauges(self) -> None:
+        # Keeps this worker's gauges current for a scrape answered by another worker.
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.refresh()
 
     async def _setup(self) -> None:
         try:
@@ -118,6 +136,7 @@ class FunctionApp:
             if self.on_fatal is not None:
                 self.on_fatal()
             return
+        self._setup_ok = True
         if self.state == STARTING:
             self.state = READY
             log.info(
@@ -135,15 +154,13 @@ class FunctionApp:
                 else (errors.DRAINING, "the function is shutting down")
             )
             await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
-            self._request_log.failure(scope, 503, perf_counter() - started, code, message, None)
+            self._finish(scope, started, 503, code, message, None)
             return
         admission = self.admission
         if not admission.try_admit():
             message = "all processing slots and the queue are taken; retry later"
             await _send(send, 503, errors.error_body(errors.OVERLOADED, message), _RETRY_AFTER)
-            self._request_log.failure(
-                scope, 503, perf_counter() - started, errors.OVERLOADED, message, None
-            )
+            self._finish(scope, started, 503, errors.OVERLOADED, message, None)
             return
 
         function = self.function
@@ -162,16 +179,15 @@ class FunctionApp:
                     output = await function.process(input_data)
                 finally:
                     admission.release_slot()
-            if deadline.cancelled_caught:
-                if watcher is not None and watcher.done() and not watcher.cancelled():
-                    status, code = 499, errors.CLIENT_DISCONNECTED
-                    message = "client disconnected; processing was cancelled"
-                else:
-                    status, code = 504, errors.DEADLINE_EXCEEDED
-                    message = f"the request did not finish within its {self._timeout:g}s deadline"
-                    await _send(send, 504, function.failure(code, message))
-            else:
+            if not deadline.cancelled_caught:
                 await _send(send, 200, output)
+            elif watcher is not None and watcher.done() and not watcher.cancelled():
+                status, code = 499, errors.CLIENT_DISCONNECTED
+                message = "client disconnected; processing was cancelled"
+            else:
+                status, code = 504, errors.DEADLINE_EXCEEDED
+                message = f"the request did not finish within its {self._timeout:g}s deadline"
+                await _send(send, 504, function.failure(code, message))
         except RequestError as exc:
             status, code, message = exc.status, exc.code, str(exc)
             await _send(send, exc.status, exc.body, _CLOSE if exc.status == 413 else None)
@@ -179,11 +195,8 @@ class FunctionApp:
             status, code, message = 500, exc.code, str(exc)
             await _send(send, 500, function.failure(code, message))
         except _ClientGone:
-            status, code, message = (
-                499,
-                errors.CLIENT_DISCONNECTED,
-                "client disconnected while sending",
-            )
+            status, code = 499, errors.CLIENT_DISCONNECTED
+            message = "client disconnected while sending"
         except Exception as exc:  # a bug of ours: still a JSON answer, never a traceback
             status, code, message = 500, errors.INTERNAL_ERROR, "internal error of the runtime"
             log.exception("internal error while serving a request")
@@ -192,11 +205,23 @@ class FunctionApp:
             admission.leave()
             if watcher is not None and not watcher.done():
                 watcher.cancel()
-            elapsed = perf_counter() - started
-            if status != 200:
-                self._request_log.failure(scope, status, elapsed, code, message, input_data)
-            elif self._request_log.wants(elapsed):
-                self._request_log.success(scope, elapsed, input_data)
+            self._finish(scope, started, status, code, message, input_data)
+
+    def _finish(
+        self,
+        scope: dict[str, Any],
+        started: float,
+        status: int,
+        code: str,
+        message: str,
+        input_data: Any,
+    ) -> None:
+        elapsed = perf_counter() - started
+        self.metrics.observe(status, elapsed)
+        if status != 200:
+            self._request_log.failure(scope, status, elapsed, code, message, input_data)
+        elif self._request_log.wants(elapsed):
+            self._request_log.success(scope, elapsed, input_data)
 
     async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         max_body = self._max_body
@@ -232,6 +257,12 @@ class FunctionApp:
     async def _health(self, request: Request) -> Response:
         body = orjson.dumps({"status": self.state, **self._health_fields})
         return Response(body, 200 if self.state == READY else 503, media_type="application/json")
+
+    async def _metrics(self, request: Request) -> Response:
+        body = await anyio.to_thread.run_sync(
+            self.metrics.exposition
+        )  # reads files when multiprocess
+        return Response(body, 200, media_type=CONTENT_TYPE_LATEST)
 
     async def _method_not_allowed(self, request: Request) -> Response:
         raise HTTPException(405, headers={"Allow": "POST"})

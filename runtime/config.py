@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "add_options", "resolve"]
@@ -38,6 +38,8 @@ class Settings:
     log_level: str = "info"
     access_log: bool = False
     slow_request: float = 10.0
+    isolation: str = "thread"
+    processes: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +99,13 @@ def _func_type(text: str) -> str:
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+def _isolation(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("thread", "process"):
+        raise ValueError("must be thread or process")
+    return lowered
+
+
 def _level(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in _LEVELS:
@@ -114,99 +123,41 @@ class Option:
     metavar: str | None = None
 
 
+# fmt: off
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "--type",
-        "func_type",
-        ("FUNC_TYPE",),
-        _func_type,
-        "function type; taken from the class's base, and must agree with it if given",
-        "{rollout,reward,group_reward}",
-    ),
-    Option(
-        "--workspace",
-        "workspace",
-        ("WORKSPACE_DIR",),
-        str,
-        "directory the target is imported from (put first on sys.path)",
-        "DIR",
-    ),
+    Option("--type", "func_type", ("FUNC_TYPE",), _func_type,
+           "function type; taken from the class's base, and must agree with it if given",
+           "{rollout,reward,group_reward}"),
+    Option("--workspace", "workspace", ("WORKSPACE_DIR",), str,
+           "directory the target is imported from (put first on sys.path)", "DIR"),
     Option("--host", "host", ("HOST",), str, "address to bind"),
     Option("--port", "port", ("PORT", "SERVER_PORT"), _int(0), "port to bind"),
-    Option(
-        "--workers",
-        "workers",
-        ("WORKERS_COUNT",),
-        _int(1),
-        "worker processes; each runs setup() and has its own slots, queue and threads",
-        "N",
-    ),
-    Option(
-        "--concurrency",
-        "concurrency",
-        ("CONCURRENCY",),
-        _int(1),
-        "requests processed at once per worker",
-        "N",
-    ),
-    Option(
-        "--queue",
-        "queue",
-        ("THREAD_POOL_QUEUE",),
-        _int(0),
-        "requests waiting for a slot per worker; beyond it, 503 + Retry-After",
-        "N",
-    ),
-    Option(
-        "--threads",
-        "threads",
-        ("THREAD_POOL_WORKERS",),
-        _int(1),
-        "threads that run sync user code (process, setup, sub-rewards) per worker",
-        "N",
-    ),
-    Option(
-        "--timeout",
-        "timeout",
-        ("REQUEST_TIMEOUT",),
-        _seconds,
-        "per-request deadline in seconds, queueing included; then 504",
-        "SECONDS",
-    ),
-    Option(
-        "--grace",
-        "grace",
-        ("GRACE_PERIOD",),
-        _seconds,
-        "on SIGTERM, how long requests in flight may take to finish",
-        "SECONDS",
-    ),
-    Option(
-        "--max-body",
-        "max_body",
-        ("MAX_BODY_BYTES",),
-        _int(1),
-        "largest request body in bytes; beyond it, 413",
-        "BYTES",
-    ),
+    Option("--workers", "workers", ("WORKERS_COUNT",), _int(1),
+           "worker processes; each runs setup() and has its own slots, queue and threads", "N"),
+    Option("--concurrency", "concurrency", ("CONCURRENCY",), _int(1),
+           "requests processed at once per worker", "N"),
+    Option("--queue", "queue", ("THREAD_POOL_QUEUE",), _int(0),
+           "requests waiting for a slot per worker; beyond it, 503 + Retry-After", "N"),
+    Option("--threads", "threads", ("THREAD_POOL_WORKERS",), _int(1),
+           "threads that run sync user code (process, setup, sub-rewards) per worker", "N"),
+    Option("--isolation", "isolation", ("ISOLATION",), _isolation,
+           "where sync user code runs: thread (a shared pool) or process (child processes; "
+           "a call past its deadline is killed and its child replaced)", "{thread,process}"),
+    Option("--processes", "processes", ("ISOLATION_PROCESSES",), _int(1),
+           "child processes per worker with --isolation process", "N"),
+    Option("--timeout", "timeout", ("REQUEST_TIMEOUT",), _seconds,
+           "per-request deadline in seconds, queueing included; then 504", "SECONDS"),
+    Option("--grace", "grace", ("GRACE_PERIOD",), _seconds,
+           "on SIGTERM, how long requests in flight may take to finish", "SECONDS"),
+    Option("--max-body", "max_body", ("MAX_BODY_BYTES",), _int(1),
+           "largest request body in bytes; beyond it, 413", "BYTES"),
     Option("--log-level", "log_level", ("LOG_LEVEL",), _level, "debug, info, warning or error"),
-    Option(
-        "--access-log",
-        "access_log",
-        ("ACCESS_LOG",),
-        _bool,
-        "log every request, not only failed and slow ones",
-        "{true,false}",
-    ),
-    Option(
-        "--slow-request",
-        "slow_request",
-        ("SLOW_REQUEST_SECONDS",),
-        _seconds,
-        "requests slower than this are logged",
-        "SECONDS",
-    ),
+    Option("--access-log", "access_log", ("ACCESS_LOG",), _bool,
+           "log every request, not only failed and slow ones", "{true,false}"),
+    Option("--slow-request", "slow_request", ("SLOW_REQUEST_SECONDS",), _seconds,
+           "requests slower than this are logged", "SECONDS"),
 )
+# fmt: on
 
 _DEFAULTS = Settings()
 

@@ -7,6 +7,7 @@ is decided here at startup, not per request.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from processors_base.models import BaseDataModel, TaskStatus
 from runtime import errors
 from runtime.loading import Target
+from runtime.offload import ProcessOffload, ThreadOffload
 
 __all__ = ["Function", "ProcessorFailure", "RequestError"]
 
@@ -53,7 +55,13 @@ async def run_user_code(func: Callable[..., Any], *args: Any) -> Any:
 
 
 class Function:
-    def __init__(self, target: Target) -> None:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        isolation: str = "thread",
+        processes: int = 1,
+    ) -> None:
         self.target = target
         self.func_type = target.func_type
         self.input_model = target.input_model
@@ -70,24 +78,50 @@ class Function:
         self._validate = self.input_model.model_validate
         self._func_type_value = self.func_type.value
         self.failure_template = _failure_template(self.output_model)
+        self._isolation = isolation
+        self._processes = processes
+        self.offload: ThreadOffload | ProcessOffload = ThreadOffload(self.processor)
+        self._attach(self.offload)
+
+    def _attach(self, offload: ThreadOffload | ProcessOffload) -> None:
+        # Sync sub-rewards and aggregates reach the same offload through the instance
+        # (see processors_base.rewards); a class with __slots__ keeps the thread default.
+        self.offload = offload
+        with contextlib.suppress(AttributeError):
+            self.processor._runtime_offload = offload
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def setup(self) -> None:
+        """Run setup() here and, with process isolation, in the first child process."""
         setup = getattr(self.processor, "setup", None)
-        if setup is None:
-            return
         try:
-            await run_user_code(setup)
+            if self._isolation == "process":
+                self._attach(
+                    ProcessOffload(
+                        self.target.spec,
+                        str(self.target.workspace),
+                        self.func_type.value,
+                        self._processes,
+                    )
+                )
+                await self.offload.ready()
+                if not self._process_is_async:
+                    return  # all of process() runs in the children: no setup() here
+            if setup is not None:
+                await run_user_code(setup)
         except Exception as exc:
             raise ProcessorFailure(
                 "SETUP_FAILED", f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def shutdown(self) -> None:
-        shutdown = getattr(self.processor, "shutdown", None)  # the SDK's bases have none
-        if shutdown is not None:
-            await run_user_code(shutdown)
+    async def shutdown(self, run_hook: bool = True) -> None:
+        try:
+            shutdown = getattr(self.processor, "shutdown", None)  # the SDK's bases have none
+            if run_hook and shutdown is not None:
+                await run_user_code(shutdown)
+        finally:
+            await self.offload.close()
 
     # --- the request path ------------------------------------------------------------
 
@@ -133,9 +167,7 @@ class Function:
             if self._process_is_async:
                 result = await self._process(input_data)
             else:
-                result = await anyio.to_thread.run_sync(
-                    self._process, input_data, abandon_on_cancel=True
-                )
+                result = await self.offload("process", input_data)
                 if inspect.isawaitable(result):
                     result = await result
         except Exception as exc:

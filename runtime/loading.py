@@ -30,6 +30,7 @@ class Target:
     func_type: FunctionType
     input_model: type[Any]
     output_model: type[WireModel]
+    workspace: Path
 
     @property
     def name(self) -> str:
@@ -69,7 +70,7 @@ def load_target(
             f"{spec}: the function type was given as {str(expected)!r}, "
             f"but {class_name} is a {func_type.value!r} processor"
         )
-    return Target(spec, cls, func_type, input_model, output_model)
+    return Target(spec, cls, func_type, input_model, output_model, root)
 
 
 def _import(module_part: str, root: Path) -> ModuleType:

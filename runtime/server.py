@@ -85,7 +85,8 @@ def run_worker(settings: Settings, sock: socket.socket | None = None) -> None:
     setup_logging(settings.log_level)
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
-        app = FunctionApp(Function(target), settings)
+        function = Function(target, isolation=settings.isolation, processes=settings.processes)
+        app = FunctionApp(function, settings)
     except (TargetError, ProcessorFailure) as exc:
         log.error("%s", exc)
         sys.exit(STARTUP_FAILURE)

@@ -14,10 +14,12 @@ import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 import threading
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 
 from runtime.config import Settings
@@ -37,6 +39,11 @@ def supervise(settings: Settings, sock: socket.socket) -> int:
     context = multiprocessing.get_context("spawn")
     stop = threading.Event()
     exit_code = 0
+    # /metrics of any worker answers for all: samples go to files in one shared directory.
+    metrics_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = tempfile.TemporaryDirectory(prefix="rl-fn-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir.name
 
     def start() -> BaseProcess:
         process = context.Process(target=_worker, args=(settings.to_json(), sock), name="worker")
@@ -63,6 +70,8 @@ def supervise(settings: Settings, sock: socket.socket) -> int:
                     worker.pid,
                     worker.exitcode,
                 )
+                if worker.pid is not None:
+                    mark_process_dead(worker.pid)
                 workers[index] = start()
     finally:
         for worker in workers:
@@ -75,4 +84,6 @@ def supervise(settings: Settings, sock: socket.socket) -> int:
                 worker.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if metrics_dir is not None:
+            metrics_dir.cleanup()
     return exit_code

@@ -124,3 +124,25 @@ class NotAProcessor:
 
 class Abstract(AbstractRewardProcessor):
     pass
+
+
+class DyingReward(AbstractRewardProcessor):
+    """Kills its own worker process when asked to (a segfault stands in the same way)."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        if (input_data.agent_output.rollout_extra or {}).get("die"):
+            os._exit(1)
+        return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
+
+
+class HangingReward(AbstractRewardProcessor):
+    """Sync code that hangs when asked to (an endless sympy evaluation, a stuck sandbox)."""
+
+    def setup(self) -> None:
+        (MARKERS / f"setup-{os.getpid()}").write_text("ran")
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        if (input_data.agent_output.rollout_extra or {}).get("hang"):
+            while True:
+                time.sleep(0.05)
+        return RewardOutput(reward=Reward(reward_score=float(os.getpid())))

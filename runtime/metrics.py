@@ -1,0 +1,129 @@
+"""``GET /metrics``: Prometheus text format, from prometheus-client.
+
+With ``--workers`` > 1 the supervisor sets ``PROMETHEUS_MULTIPROC_DIR`` before spawning
+workers, so each worker writes its samples to shared files and any worker's /metrics
+answers for all of them. Each app has its own registry: nothing global is shared.
+
+The request path pays one counter increment and one histogram observation, on children
+bound once per status; the gauges (in flight, queued, stuck) are read from the admission
+state when scraped and once a second, never updated per request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+)
+
+
+class Metrics:
+    def __init__(self, func_type: str, gauges: Callable[[], tuple[int, int, int]]) -> None:
+        self._gauges = gauges  # () -> (in flight, queued, stuck sync calls)
+        multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = CollectorRegistry(auto_describe=True)
+        if multiprocess:
+            MultiProcessCollector(self.registry)
+        # In multiprocess mode samples go to the shared files, not to a registry.
+        owned = None if multiprocess else self.registry
+        self._func_type = func_type
+        self._requests = Counter(
+            "rl_function_requests",
+            "Requests to /api/v1 by function type and status code.",
+            ["func_type", "status"],
+            registry=owned,
+        )
+        self._latency = Histogram(
+            "rl_function_request_duration_seconds",
+            "Latency of /api/v1 requests.",
+            ["func_type"],
+            buckets=_BUCKETS,
+            registry=owned,
+        ).labels(func_type)
+        self.rejected = Counter(
+            "rl_function_rejected",
+            "Requests answered 503 because slots and queue were full.",
+            registry=owned,
+        )
+        self.timeouts = Counter(
+            "rl_function_timeouts", "Requests answered 504 (deadline exceeded).", registry=owned
+        )
+        self.processor_errors = Counter(
+            "rl_function_processor_errors",
+            "Requests whose processor raised or returned a wrong output (500).",
+            registry=owned,
+        )
+        self._in_flight = Gauge(
+            "rl_function_requests_in_flight",
+            "Requests being processed.",
+            multiprocess_mode="livesum",
+            registry=owned,
+        )
+        self._queued = Gauge(
+            "rl_function_requests_queued",
+            "Admitted requests waiting for a slot.",
+            multiprocess_mode="livesum",
+            registry=owned,
+        )
+        self._stuck = Gauge(
+            "rl_function_stuck_sync_calls",
+            "Sync calls still running in threads after their "
+            "request ended (threads cannot be killed; see --isolation process).",
+            multiprocess_mode="livesum",
+            registry=owned,
+        )
+        self._by_status: dict[int, Counter] = {}
+
+    def observe(self, status: int, seconds: float) -> None:
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self._requests.labels(self._func_type, str(status))
+        child.inc()
+        self._latency.observe(seconds)
+        if status == 503:
+            self.rejected.inc()
+        elif status == 504:
+            self.timeouts.inc()
+        elif status == 500:
+            self.processor_errors.inc()
+
+    def refresh(self) -> None:
+        in_flight, queued, stuck = self._gauges()
+        self._in_flight.set(in_flight)
+        self._queued.set(queued)
+        self._stuck.set(stuck)
+
+    def exposition(self) -> bytes:
+        self.refresh()
+        return generate_latest(self.registry)
