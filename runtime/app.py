@@ -165,23 +165,25 @@ class FunctionApp:
 
         function = self.function
         input_data = None
-        watcher: asyncio.Task[bool] | None = None
+        interrupt = _Interrupt(self._timeout)
         status, code, message = 200, "", ""
         try:
-            with anyio.CancelScope(deadline=anyio.current_time() + self._timeout) as deadline:
+            try:
                 input_data = function.parse(await self._read_body(scope, receive))
-                # Only now that the body is read may another task wait on receive().
-                watcher = asyncio.get_running_loop().create_task(
-                    _watch_disconnect(receive, deadline)
-                )
+                interrupt.watch(receive)  # only now may another task wait on receive()
                 await admission.acquire_slot()
                 try:
                     output = await function.process(input_data)
                 finally:
                     admission.release_slot()
-            if not deadline.cancelled_caught:
+                interrupt.close()
+            except asyncio.CancelledError:
+                if not interrupt.reason:
+                    raise  # the server itself is stopping
+                interrupt.absorb()
+            if not interrupt.reason:
                 await _send(send, 200, output)
-            elif watcher is not None and watcher.done() and not watcher.cancelled():
+            elif interrupt.reason == "disconnect":
                 status, code = 499, errors.CLIENT_DISCONNECTED
                 message = "client disconnected; processing was cancelled"
             else:
@@ -203,8 +205,7 @@ class FunctionApp:
             await _send(send, 500, function.failure(code, f"{message}: {type(exc).__name__}"))
         finally:
             admission.leave()
-            if watcher is not None and not watcher.done():
-                watcher.cancel()
+            interrupt.close()
             self._finish(scope, started, status, code, message, input_data)
 
     def _finish(
@@ -268,12 +269,53 @@ class FunctionApp:
         raise HTTPException(405, headers={"Allow": "POST"})
 
 
-async def _watch_disconnect(receive: Any, scope: anyio.CancelScope) -> bool:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return True
+class _Interrupt:
+    """Cancels a request's task at its deadline, or when its client goes away.
+
+    Cheaper than a cancel scope and a watcher task per request: a timer for the
+    deadline, and a second one that starts watching for a disconnect only once the
+    request has run for a while (most requests are answered long before).
+    """
+
+    __slots__ = ("_deadline", "_loop", "_task", "_watch_timer", "_watcher", "reason")
+    WATCH_AFTER = 0.5  # seconds; a disconnect is noticed within this much
+
+    def __init__(self, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self.reason = ""
+        self._deadline = self._loop.call_later(timeout, self._fire, "deadline")
+        self._watch_timer: asyncio.TimerHandle | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def watch(self, receive: Any) -> None:
+        self._watch_timer = self._loop.call_later(self.WATCH_AFTER, self._start_watcher, receive)
+
+    def _start_watcher(self, receive: Any) -> None:
+        self._watcher = self._loop.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._fire("disconnect")
+
+    def _fire(self, reason: str) -> None:
+        if not self.reason and self._task is not None:
+            self.reason = reason
+            self._task.cancel()
+
+    def absorb(self) -> None:
+        """The cancellation was ours: let the task go on to answer."""
+        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+
+    def close(self) -> None:
+        self._deadline.cancel()
+        if self._watch_timer is not None:
+            self._watch_timer.cancel()
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
 
 
 async def _send(

@@ -17,7 +17,7 @@ from runtime.config import SettingsError, add_options, resolve
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.loading import Target, TargetError, load_target
 from runtime.logs import setup_logging
-from runtime.ship import add_ship_arguments, run_build, run_ship
+from runtime.ship import add_ship_arguments
 
 __all__ = ["main"]
 
@@ -98,9 +98,11 @@ def _fail(code: int, message: str) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command == "build":
-        sys.exit(run_build(args.workspace, args.image, args.target))
-    if args.command == "ship":
+    if args.command in ("build", "ship"):
+        from runtime.ship import run_build, run_ship
+
+        if args.command == "build":
+            sys.exit(run_build(args.workspace, args.image, args.target))
         sys.exit(run_ship(args))
     try:
         settings = resolve(args)

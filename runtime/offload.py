@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import anyio.to_thread
-import pebble
 
 __all__ = ["ProcessOffload", "ThreadOffload"]
 
@@ -119,6 +118,8 @@ def _child_call(attr: str, arg: Any) -> Any:
 
 class ProcessOffload:
     def __init__(self, spec: str, workspace: str, func_type: str, processes: int) -> None:
+        import pebble  # only with --isolation process
+
         self._pool = pebble.ProcessPool(
             max_workers=processes,
             initializer=_child_init,

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
-import yaml
 
 from processors_base.models import FunctionType
 from runtime import images
 from runtime.loading import Target, TargetError, load_target
-from runtime.platform import PlatformClient, PlatformError
+
+# httpx (runtime.platform) and yaml are imported where used: `python -m runtime serve`
+# builds this module's options too, and must not pay for them on a cold start.
 
 __all__ = ["add_ship_arguments", "run_build", "run_ship"]
 
@@ -123,6 +123,8 @@ def run_build(workspace: str, image: str, target_spec: str | None) -> int:
 
 
 def run_ship(args: argparse.Namespace) -> int:
+    from runtime.platform import PlatformError
+
     try:
         return _ship(args)
     except (ShipError, images.ImageError, PlatformError) as exc:
@@ -131,6 +133,8 @@ def run_ship(args: argparse.Namespace) -> int:
 
 
 def _ship(args: argparse.Namespace) -> int:
+    from runtime.platform import PlatformClient
+
     workspace = Path(args.workspace)
     entry = _job_entry(args.config, args.function) if args.config else {}
     spec = args.target or _classpath(entry)
@@ -175,6 +179,8 @@ def _check_target(spec: str, workspace: Path) -> Target:
 
 
 def _job_entry(path: str, name: str | None) -> dict[str, Any]:
+    import yaml
+
     try:
         document = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -271,6 +277,8 @@ def _print_result(result: dict[str, Any], state: str, payload: dict[str, Any], o
 
 
 def _run_locally(image: str, spec: str) -> int:
+    import httpx
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

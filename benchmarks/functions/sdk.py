@@ -1,0 +1,26 @@
+"""The same processors, written against the DashScope SDK's bases (served by its server)."""
+
+import asyncio
+
+from dashscope.finetune.reinforcement import (
+    AbstractRewardProcessor,
+    Reward,
+    RewardInput,
+    RewardOutput,
+)
+
+
+class EchoReward(AbstractRewardProcessor):
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class SyncEchoReward(AbstractRewardProcessor):
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class WaitReward(AbstractRewardProcessor):
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        await asyncio.sleep(0.1)
+        return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
