@@ -23,12 +23,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from processors_base.observability.processor import record_output
 from runtime import errors
 from runtime.admission import Admission
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
+from runtime.tracing import Tracing
 
 __all__ = ["FunctionApp"]
 
@@ -46,9 +48,12 @@ class _ClientGone(Exception):
 
 
 class FunctionApp:
-    def __init__(self, function: Function, settings: Settings) -> None:
+    def __init__(
+        self, function: Function, settings: Settings, tracing: Tracing | None = None
+    ) -> None:
         self.function = function
         self.settings = settings
+        self.tracing = tracing
         self.admission = Admission(settings.concurrency, settings.queue)
         self.state = STARTING
         self.on_fatal: Callable[[], None] | None = None  # set by the server: stop, exit non-zero
@@ -112,6 +117,11 @@ class FunctionApp:
                     self._setup_task.cancel()
                 try:  # shutdown() only after a setup() that succeeded; pools always close
                     await self.function.shutdown(run_hook=ran_setup and self._setup_ok)
+                    if self.tracing is not None:  # export what is left, within a bound
+                        with anyio.move_on_after(10):
+                            await anyio.to_thread.run_sync(
+                                self.tracing.shutdown, abandon_on_cancel=True
+                            )
                 except Exception as exc:
                     log.error(
                         "%s.shutdown() failed: %s: %s",
@@ -173,7 +183,10 @@ class FunctionApp:
                 interrupt.watch(receive)  # only now may another task wait on receive()
                 await admission.acquire_slot()
                 try:
-                    output = await function.process(input_data)
+                    if self.tracing is None:
+                        output = await function.process(input_data)
+                    else:
+                        output = await self._traced_process(scope, input_data)
                 finally:
                     admission.release_slot()
                 interrupt.close()
@@ -207,6 +220,16 @@ class FunctionApp:
             admission.leave()
             interrupt.close()
             self._finish(scope, started, status, code, message, input_data)
+        if self.tracing is not None and self.tracing.flush_each_request:
+            # after the response: a short-lived instance loses no span, the client waits for none
+            await anyio.to_thread.run_sync(self.tracing.flush)
+
+    async def _traced_process(self, scope: dict[str, Any], input_data: Any) -> bytes:
+        assert self.tracing is not None
+        with self.tracing.request(scope, input_data) as span:
+            result = await self.function.call(input_data)
+            record_output(span, result)
+            return self.function.serialise(result)
 
     def _finish(
         self,

@@ -38,6 +38,7 @@ class Settings:
     log_level: str = "info"
     access_log: bool = False
     slow_request: float = 10.0
+    tracing: bool = False
     isolation: str = "thread"
     processes: int = field(default_factory=lambda: os.cpu_count() or 1)
 
@@ -121,6 +122,7 @@ class Option:
     parse: Callable[[str], Any]
     help: str
     metavar: str | None = None
+    bare: bool = False  # may be given without a value: --tracing means --tracing=true
 
 
 # fmt: off
@@ -153,7 +155,10 @@ OPTIONS: tuple[Option, ...] = (
            "largest request body in bytes; beyond it, 413", "BYTES"),
     Option("--log-level", "log_level", ("LOG_LEVEL",), _level, "debug, info, warning or error"),
     Option("--access-log", "access_log", ("ACCESS_LOG",), _bool,
-           "log every request, not only failed and slow ones", "{true,false}"),
+           "log every request, not only failed and slow ones", "{true,false}", bare=True),
+    Option("--tracing", "tracing", ("ENABLE_TRAJECTORY",), _bool,
+           "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_* configure it; "
+           "OTEL_SDK_DISABLED=true wins)", "{true,false}", bare=True),
     Option("--slow-request", "slow_request", ("SLOW_REQUEST_SECONDS",), _seconds,
            "requests slower than this are logged", "SECONDS"),
 )
@@ -175,6 +180,7 @@ def add_options(parser: argparse.ArgumentParser, names: tuple[str, ...] | None =
             default=None,
             metavar=option.metavar,
             help=f"{option.help} [env {env}; default {shown}]",
+            **({"nargs": "?", "const": "true"} if option.bare else {}),
         )
 
 
@@ -197,6 +203,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             values[option.dest] = option.parse(str(raw))
         except ValueError as exc:
             raise SettingsError(f"{source}={raw!r}: {exc}") from None
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        values["tracing"] = False  # OpenTelemetry's own off switch wins over --tracing
     # The SDK's switch: ENABLE_LOGGING=false hides info lines, unless --log-level says otherwise.
     quiet = environ.get("ENABLE_LOGGING", "").strip().lower() in ("false", "0", "no", "off")
     if quiet and getattr(args, "log_level", None) is None:

@@ -163,6 +163,10 @@ class Function:
 
     async def process(self, input_data: BaseDataModel) -> bytes:
         """Run the processor on one input; the serialised output, or ProcessorFailure."""
+        return self.serialise(await self.call(input_data))
+
+    async def call(self, input_data: BaseDataModel) -> Any:
+        """Run the processor on one input; what it returned, or ProcessorFailure."""
         try:
             if self._process_is_async:
                 result = await self._process(input_data)
@@ -173,7 +177,7 @@ class Function:
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             raise ProcessorFailure(errors.PROCESSOR_ERROR, redact(message, input_data)) from exc
-        return self.serialise(result)
+        return result
 
     def serialise(self, result: Any) -> bytes:
         output_model = self.output_model

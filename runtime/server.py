@@ -23,6 +23,7 @@ from runtime.function import Function, ProcessorFailure
 from runtime.loading import TargetError, load_target
 from runtime.logs import setup_logging
 from runtime.supervisor import supervise
+from runtime.tracing import Tracing
 
 __all__ = ["Server", "run_worker", "serve"]
 
@@ -86,7 +87,8 @@ def run_worker(settings: Settings, sock: socket.socket | None = None) -> None:
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
         function = Function(target, isolation=settings.isolation, processes=settings.processes)
-        app = FunctionApp(function, settings)
+        tracing = Tracing(target.func_type.value, target.name) if settings.tracing else None
+        app = FunctionApp(function, settings, tracing)
     except (TargetError, ProcessorFailure) as exc:
         log.error("%s", exc)
         sys.exit(STARTUP_FAILURE)

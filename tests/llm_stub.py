@@ -6,16 +6,18 @@ arithmetic expression in the question; given the tool's result, it answers with 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 _EXPRESSION = re.compile(r"[\d.]+(?:\s*[-+*/]\s*[\d.]+)+")
@@ -45,10 +47,25 @@ class LLMStub:
         self._server.should_exit = True
         self._thread.join(10)
 
-    async def _chat(self, request: Request) -> JSONResponse:
+    async def _chat(self, request: Request) -> JSONResponse | StreamingResponse:
         body = await request.json()
         self.requests.append(body)
-        self.authorizations.append(request.headers.get("authorization", ""))
+        authorization = request.headers.get("authorization", "")
+        self.authorizations.append(authorization)
+        if body["model"] == "reject-key":  # as providers do: the error names the key
+            key = authorization.removeprefix("Bearer ")
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"Incorrect API key provided: {key}",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
+                401,
+            )
+        if body.get("stream"):
+            return StreamingResponse(self._stream(body), media_type="text/event-stream")
         last = body["messages"][-1]
         if last["role"] == "tool":
             message: dict[str, Any] = {
@@ -84,3 +101,21 @@ class LLMStub:
                 "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30},
             }
         )
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[str]:
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body["model"],
+        }
+        for i, word in enumerate(["The ", "answer ", "is ", "42."]):
+            delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
+            chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
+        last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        yield f"data: {json.dumps(last)}\n\n"
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
+            yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"

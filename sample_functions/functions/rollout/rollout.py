@@ -20,6 +20,7 @@ from processors_base import (
     RolloutOutput,
     TaskStatus,
     trace_client,
+    trace_tool,
 )
 
 DEFAULT_MAX_TURNS = 5
@@ -72,10 +73,24 @@ def calculate(expression: str) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
+class CalculatorTool:
+    """A tool object in LangChain's shape (a name and ``invoke``), so trace_tool traces it."""
+
+    name = "calculator"
+    description = CALCULATOR_TOOL["function"]["description"]
+
+    def invoke(self, tool_input: dict[str, Any]) -> str:
+        # a ToolCall ({"type": "tool_call", "id", "args"}) or the arguments themselves
+        arguments = tool_input.get("args", tool_input)
+        return calculate(str(arguments.get("expression", "")))
+
+
 class DemoRolloutProcessor(AbstractRolloutProcessor):
     def setup(self) -> None:
         # One client per endpoint, reused across requests (connection pooling).
         self._clients: dict[tuple[str, str], AsyncOpenAI] = {}
+        # Traced once here; a span per call whenever tracing is on.
+        self._tools = trace_tool({"calculator": CalculatorTool()})
 
     def _client(self, base_url: str, api_key: str) -> AsyncOpenAI:
         key = (base_url, api_key)
@@ -111,12 +126,13 @@ class DemoRolloutProcessor(AbstractRolloutProcessor):
                 break
             for call in message.tool_calls:
                 metrics["tool_calls"] += 1
+                tool = self._tools.get(call.function.name)
                 try:
-                    expression = json.loads(call.function.arguments).get("expression", "")
+                    arguments = json.loads(call.function.arguments)
                     result = (
-                        calculate(expression)
-                        if call.function.name == "calculator"
-                        else (f"error: unknown tool {call.function.name}")
+                        tool.invoke({"type": "tool_call", "id": call.id, "args": arguments})
+                        if tool is not None
+                        else f"error: unknown tool {call.function.name}"
                     )
                 except (json.JSONDecodeError, AttributeError):
                     result = "error: arguments are not a JSON object"

@@ -1,0 +1,170 @@
+"""What every wrapper needs: whether tracing is on, the GenAI telemetry handler, and
+capped, redacted capture of content.
+
+Tracing is on when an SDK tracer provider is installed (the runtime installs one with
+``--tracing`` / ``ENABLE_TRAJECTORY=true``). Wrappers ask at call time, so a client
+traced in ``setup()`` before tracing was on is traced once it is, and a wrapper costs one
+``isinstance`` check while it is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
+
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+LIMIT_ENV = "AGENTIC_RL_CAPTURE_MAX_CHARS"
+REDACTED = "***"
+
+# Ids of request_metadata: baggage of every span of a request, and attributes of each span.
+BAGGAGE_KEYS = (
+    "agentic_rl.rollout_id",
+    "agentic_rl.sample_id",
+    "agentic_rl.attempt_id",
+    "agentic_rl.job_id",
+)
+
+# Secret values of the current request (its model_resource api_key), blanked wherever they
+# appear inside captured strings. Set by the runtime per request.
+request_secrets: ContextVar[tuple[str, ...]] = ContextVar("request_secrets", default=())
+
+_handlers: dict[int, Any] = {}
+
+
+def active_provider(explicit: TracerProvider | None = None) -> TracerProvider | None:
+    """The tracer provider to record with, or None while tracing is off."""
+    provider = explicit if explicit is not None else trace.get_tracer_provider()
+    if isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider)):
+        return None
+    return provider
+
+
+def handler(provider: TracerProvider) -> Any:
+    """The loongsuite GenAI telemetry handler bound to ``provider`` (one per provider)."""
+    found = _handlers.get(id(provider))
+    if found is None or found[0] is not provider:
+        from opentelemetry.util.genai.extended_handler import ExtendedTelemetryHandler
+
+        found = (provider, ExtendedTelemetryHandler(tracer_provider=provider))
+        _handlers[id(provider)] = found
+    return found[1]
+
+
+def capture_enabled() -> bool:
+    """Whether message and tool content may be recorded (off unless asked for)."""
+    value = os.environ.get(CAPTURE_ENV, "").strip().lower()
+    return value in ("1", "true", "yes", "on", "span_only", "span_and_event", "event_only")
+
+
+def capture_limit() -> int:
+    try:
+        return max(64, int(os.environ.get(LIMIT_ENV, "8192")))
+    except ValueError:
+        return 8192
+
+
+_SECRET_PARTS = (
+    "apikey",
+    "authorization",
+    "password",
+    "passwd",
+    "secret",
+    "accesskey",
+    "credential",
+    "cookie",
+    "privatekey",
+)
+
+
+def is_secret_key(key: str) -> bool:
+    normal = key.lower().replace("-", "").replace("_", "")
+    return normal.endswith("token") or any(part in normal for part in _SECRET_PARTS)
+
+
+class _Full(Exception):
+    pass
+
+
+def capture(value: Any, limit: int | None = None) -> str:
+    """JSON text of ``value``, at most ``limit`` characters, with secrets redacted.
+
+    The limit is enforced while writing, so a huge payload is never serialised whole.
+    Redaction fails closed: values under secret-looking keys, SecretStr values and the
+    request's own secrets become "***"; objects of unknown types become "<TypeName>".
+    """
+    budget = limit if limit is not None else capture_limit()
+    secrets = tuple(s for s in request_secrets.get() if s)
+    parts: list[str] = []
+    left = budget
+
+    def emit(text: str) -> None:
+        nonlocal left
+        if len(text) >= left:
+            parts.append(text[:left])
+            raise _Full
+        parts.append(text)
+        left -= len(text)
+
+    def scrub(text: str) -> str:
+        for secret in secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def walk(item: Any, depth: int) -> None:
+        if depth > 32:
+            emit('"<too deep>"')
+        elif item is None or isinstance(item, bool):
+            emit("true" if item is True else "false" if item is False else "null")
+        elif isinstance(item, (int, float)):
+            emit(
+                json.dumps(item)
+                if not isinstance(item, float) or math.isfinite(item)
+                else f'"{item}"'
+            )
+        elif isinstance(item, str):
+            emit(json.dumps(scrub(item[: left + len(secrets) * 64]), ensure_ascii=False))
+        elif type(item).__name__ in ("SecretStr", "SecretBytes"):
+            emit(f'"{REDACTED}"')
+        elif isinstance(item, Mapping):
+            emit("{")
+            for index, (key, inner) in enumerate(item.items()):
+                emit(("," if index else "") + json.dumps(str(key), ensure_ascii=False) + ":")
+                if is_secret_key(str(key)):
+                    emit(f'"{REDACTED}"')
+                else:
+                    walk(inner, depth + 1)
+            emit("}")
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            emit("[")
+            for index, inner in enumerate(item):
+                if index:
+                    emit(",")
+                walk(inner, depth + 1)
+            emit("]")
+        elif isinstance(item, bytes):
+            emit(f'"<{len(item)} bytes>"')
+        elif hasattr(item, "model_dump"):  # pydantic models, openai and SDK objects
+            try:
+                dumped = item.model_dump()
+            except Exception:
+                dumped = f"<{type(item).__name__}>"
+            walk(dumped, depth + 1)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            walk({f.name: getattr(item, f.name) for f in dataclasses.fields(item)}, depth + 1)
+        else:
+            emit(json.dumps(f"<{type(item).__name__}>"))
+
+    try:
+        walk(value, 0)
+    except _Full:
+        parts.append("...[truncated]")
+    return "".join(parts)

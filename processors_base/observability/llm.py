@@ -1,0 +1,388 @@
+"""LLM spans: ``trace_client`` / ``untrace_client`` for clients, ``@observe_llm`` for a
+function of your own.
+
+``trace_client`` recognises clients by shape, not by class name:
+
+- an OpenAI client, sync or async (``client.chat.completions.create``);
+- a completions resource (``.create`` and no ``.chat``);
+- a LangChain-like wrapper exposing ``.client`` and/or ``.async_client``;
+- the DashScope ``Generation`` class itself (a class with a classmethod ``call``).
+
+It patches the ``create`` (or ``call``) of that object in place, so calls keep returning
+the client's own types; a streamed result stays an instance of its stream class (its
+class is swapped for a subclass that ends the span when the stream is exhausted, closed
+or fails). Tracing twice traces once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
+
+from processors_base.observability import _spans
+from processors_base.observability._core import active_provider
+
+__all__ = ["observe_llm", "trace_client", "untrace_client"]
+
+T = TypeVar("T")
+_MARK = "__rl_traced__"
+
+
+def trace_client(client: T, *, tracer_provider: Any = None) -> T:
+    """Trace every chat completion made through ``client`` from now on; returns it."""
+    targets = _targets(client)
+    if not targets:
+        raise TypeError(
+            f"trace_client: {type(client).__name__} is not a client it knows: pass an OpenAI "
+            "client (.chat.completions.create), a completions resource (.create), a wrapper "
+            "with .client / .async_client, or the DashScope Generation class"
+        )
+    for owner, attr, provider_name in targets:
+        _patch(owner, attr, provider_name, tracer_provider)
+    return client
+
+
+def untrace_client(client: T) -> T:
+    """Undo ``trace_client``."""
+    for owner, attr, _ in _targets(client):
+        if isinstance(owner, type):
+            original = getattr(owner.__dict__.get(attr), "__func__", None)
+            if original is not None and getattr(original, _MARK, None) is not None:
+                setattr(owner, attr, classmethod(getattr(original, _MARK)))
+        elif getattr(vars(owner).get(attr), _MARK, None) is not None:
+            del vars(owner)[attr]
+    return client
+
+
+def _targets(obj: Any, depth: int = 0) -> list[tuple[Any, str, str]]:
+    if isinstance(obj, type):
+        if isinstance(inspect.getattr_static(obj, "call", None), classmethod):
+            return [(obj, "call", "dashscope")]
+        return []
+    completions = getattr(getattr(obj, "chat", None), "completions", None)
+    if completions is not None and callable(getattr(completions, "create", None)):
+        return [(completions, "create", "openai")]
+    if callable(getattr(obj, "create", None)) and not hasattr(obj, "chat"):
+        return [(obj, "create", "openai")]
+    found: list[tuple[Any, str, str]] = []
+    if depth < 2:
+        for name in ("client", "async_client"):
+            inner = getattr(obj, name, None)
+            if inner is not None and inner is not obj:
+                found += _targets(inner, depth + 1)
+    return found
+
+
+def _api_key(owner: Any) -> tuple[str, ...]:
+    key = getattr(owner, "api_key", None) or getattr(
+        getattr(owner, "_client", None), "api_key", None
+    )
+    return (key,) if isinstance(key, str) and key else ()
+
+
+def _patch(owner: Any, attr: str, provider_name: str, tracer_provider: Any) -> None:
+    if isinstance(owner, type):
+        original = owner.__dict__[attr].__func__
+        if getattr(original, _MARK, None) is not None:
+            return
+        traced = _wrap(original, provider_name, tracer_provider, ())
+        setattr(traced, _MARK, original)
+        setattr(owner, attr, classmethod(traced))
+        return
+    original = getattr(owner, attr)
+    if getattr(original, _MARK, None) is not None:
+        return
+    traced = _wrap(original, provider_name, tracer_provider, _api_key(owner))
+    setattr(traced, _MARK, original)
+    object.__setattr__(owner, attr, traced)
+
+
+def _wrap(
+    original: Callable[..., Any], provider_name: str, tracer_provider: Any, secrets: tuple[str, ...]
+) -> Callable[..., Any]:
+    # openai's async create is a plain function returning a coroutine under a decorator
+    if inspect.iscoroutinefunction(inspect.unwrap(original)):
+
+        @functools.wraps(original)
+        async def traced_async(*args: Any, **kwargs: Any) -> Any:
+            provider = active_provider(tracer_provider)
+            if provider is None:
+                return await original(*args, **kwargs)
+            invocation = _spans.start_llm(
+                provider, provider_name, kwargs.get("model"), kwargs.get("messages"), kwargs
+            )
+            try:
+                result = await original(*args, **kwargs)
+            except BaseException as exc:
+                _spans.fail_llm(provider, invocation, exc, secrets)
+                raise
+            return _finish(provider, invocation, result, kwargs, secrets)
+
+        return traced_async
+
+    @functools.wraps(original)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        provider = active_provider(tracer_provider)
+        if provider is None:
+            return original(*args, **kwargs)
+        messages = kwargs.get("messages", kwargs.get("prompt"))
+        invocation = _spans.start_llm(
+            provider, provider_name, kwargs.get("model"), messages, kwargs
+        )
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _spans.fail_llm(provider, invocation, exc, secrets)
+            raise
+        return _finish(provider, invocation, result, kwargs, secrets)
+
+    return traced
+
+
+def _finish(
+    provider: Any, invocation: Any, result: Any, kwargs: dict[str, Any], secrets: tuple[str, ...]
+) -> Any:
+    if inspect.isawaitable(result):  # an async call reached through a sync-looking wrapper
+        return _finish_later(provider, invocation, result, kwargs, secrets)
+    if kwargs.get("stream") or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        _spans.detach(invocation)
+        return traced_stream(result, _spans.StreamState(provider, invocation, secrets))
+    # a custom function may return plain text: recorded as the output text
+    _spans.apply_response(
+        invocation, {"output": {"text": result}} if isinstance(result, str) else result
+    )
+    _spans.finish_llm(provider, invocation)
+    return result
+
+
+async def _finish_later(
+    provider: Any, invocation: Any, awaitable: Any, kwargs: dict[str, Any], secrets: tuple[str, ...]
+) -> Any:
+    try:
+        result = await awaitable
+    except BaseException as exc:
+        _spans.fail_llm(provider, invocation, exc, secrets)
+        raise
+    return _finish(provider, invocation, result, kwargs, secrets)
+
+
+# --- streams -------------------------------------------------------------------------
+
+_stream_classes: dict[type, type] = {}
+
+
+def traced_stream(stream: Any, state: _spans.StreamState) -> Any:
+    """The same stream, ending its span when exhausted, closed or failed."""
+    if inspect.isgenerator(stream):
+        return _generator(stream, state)
+    if inspect.isasyncgen(stream):
+        return _async_generator(stream, state)
+    cls = type(stream)
+    traced_cls = _stream_classes.get(cls)
+    if traced_cls is None:
+        traced_cls = _stream_classes[cls] = (
+            _async_stream_class(cls) if hasattr(cls, "__anext__") else _sync_stream_class(cls)
+        )
+    try:
+        stream.__class__ = traced_cls
+    except TypeError:  # a class whose instances cannot change class: end the span now
+        state.finish()
+        return stream
+    object.__setattr__(stream, "_rl_stream_state", state)
+    return stream
+
+
+def _generator(stream: Iterator[Any], state: _spans.StreamState) -> Iterator[Any]:
+    try:
+        for chunk in stream:
+            state.record(chunk)
+            yield chunk
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit):
+            state.fail(exc)
+        raise
+    finally:
+        state.finish()
+
+
+async def _async_generator(
+    stream: AsyncIterator[Any], state: _spans.StreamState
+) -> AsyncIterator[Any]:
+    try:
+        async for chunk in stream:
+            state.record(chunk)
+            yield chunk
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit):
+            state.fail(exc)
+        raise
+    finally:
+        state.finish()
+
+
+def _sync_stream_class(base: type) -> type:
+    def __next__(self: Any) -> Any:
+        state = self._rl_stream_state
+        try:
+            chunk = base.__next__(self)
+        except StopIteration:
+            state.finish()
+            raise
+        except BaseException as exc:
+            state.fail(exc)
+            raise
+        state.record(chunk)
+        return chunk
+
+    def __iter__(self: Any) -> Iterator[Any]:
+        try:
+            while True:
+                try:
+                    chunk = __next__(self)
+                except StopIteration:
+                    return
+                yield chunk
+        finally:  # also when the consumer stops early
+            self._rl_stream_state.finish()
+
+    def close(self: Any) -> Any:
+        try:
+            return base.close(self)
+        finally:
+            self._rl_stream_state.finish()
+
+    def __exit__(self: Any, *exc_info: Any) -> Any:
+        try:
+            return base.__exit__(self, *exc_info)
+        finally:
+            self._rl_stream_state.finish()
+
+    namespace: dict[str, Any] = {"__next__": __next__, "__iter__": __iter__}
+    if hasattr(base, "close"):
+        namespace["close"] = close
+    if hasattr(base, "__exit__"):
+        namespace["__exit__"] = __exit__
+    return type(base.__name__, (base,), namespace)
+
+
+def _async_stream_class(base: type) -> type:
+    async def __anext__(self: Any) -> Any:
+        state = self._rl_stream_state
+        try:
+            chunk = await base.__anext__(self)
+        except StopAsyncIteration:
+            state.finish()
+            raise
+        except BaseException as exc:
+            state.fail(exc)
+            raise
+        state.record(chunk)
+        return chunk
+
+    async def __aiter__(self: Any) -> AsyncIterator[Any]:
+        try:
+            while True:
+                try:
+                    chunk = await __anext__(self)
+                except StopAsyncIteration:
+                    return
+                yield chunk
+        finally:
+            self._rl_stream_state.finish()
+
+    async def close(self: Any) -> Any:
+        try:
+            return await base.close(self)
+        finally:
+            self._rl_stream_state.finish()
+
+    async def __aexit__(self: Any, *exc_info: Any) -> Any:
+        try:
+            return await base.__aexit__(self, *exc_info)
+        finally:
+            self._rl_stream_state.finish()
+
+    namespace: dict[str, Any] = {"__anext__": __anext__, "__aiter__": __aiter__}
+    if hasattr(base, "close"):
+        namespace["close"] = close
+    if hasattr(base, "__aexit__"):
+        namespace["__aexit__"] = __aexit__
+    return type(base.__name__, (base,), namespace)
+
+
+# --- a function of your own -------------------------------------------------------------
+
+
+def observe_llm(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    provider: str = "custom",
+    tracer_provider: Any = None,
+) -> Any:
+    """An LLM span around a function that calls a model: ``model=`` and ``messages=`` are
+    read from its arguments (by keyword, or by position through its signature)."""
+    if func is None:
+        return lambda f: observe_llm(f, provider=provider, tracer_provider=tracer_provider)
+    signature = inspect.signature(func)
+    params = signature.parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "model" not in params and not takes_kwargs:
+        raise TypeError(
+            f"@observe_llm: {func.__qualname__}() has no 'model' parameter; the LLM span names "
+            "the model from model=... (and records messages=...)"
+        )
+
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return dict(kwargs)  # the call itself will fail with Python's own message
+        values = dict(bound.arguments)
+        values.update(
+            values.pop(
+                next((n for n, p in params.items() if p.kind is inspect.Parameter.VAR_KEYWORD), ""),
+                {},
+            )
+        )
+        return values
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def observed_async(*args: Any, **kwargs: Any) -> Any:
+            active = active_provider(tracer_provider)
+            if active is None:
+                return await func(*args, **kwargs)
+            values = arguments(args, kwargs)
+            invocation = _spans.start_llm(
+                active, provider, values.get("model"), values.get("messages"), values
+            )
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException as exc:
+                _spans.fail_llm(active, invocation, exc)
+                raise
+            return _finish(active, invocation, result, values, ())
+
+        return observed_async
+
+    @functools.wraps(func)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        active = active_provider(tracer_provider)
+        if active is None:
+            return func(*args, **kwargs)
+        values = arguments(args, kwargs)
+        invocation = _spans.start_llm(
+            active, provider, values.get("model"), values.get("messages"), values
+        )
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            _spans.fail_llm(active, invocation, exc)
+            raise
+        return _finish(active, invocation, result, values, ())
+
+    return observed

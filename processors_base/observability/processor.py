@@ -1,0 +1,135 @@
+"""The processor span: one per call of ``process()``, parent of its LLM and tool spans.
+
+Under the runtime with tracing on, every request gets this span whether or not
+``process`` is decorated (the runtime opens it, as a child of the caller's span);
+``@observe_processor`` then adds nothing, so there is never a second one. Outside the
+runtime (a test harness with its own tracer provider) the decorator opens it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from processors_base.observability import _spans
+from processors_base.observability._core import active_provider, capture, capture_enabled
+
+__all__ = ["observe_processor", "processor_span", "record_output"]
+
+_in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=False)
+
+
+@contextmanager
+def processor_span(
+    provider: Any,
+    func_type: str,
+    processor: str,
+    input_data: Any,
+    *,
+    context: Any = None,
+    attributes: dict[str, Any] | None = None,
+) -> Iterator[Span]:
+    tracer = provider.get_tracer("agentic-rl-runtime")
+    attrs = {
+        "agentic_rl.func_type": func_type,
+        "agentic_rl.processor": processor,
+        **(attributes or {}),
+    }
+    if capture_enabled():
+        attrs["agentic_rl.input"] = capture(input_data)
+    # The given context (the caller's span, the request's baggage) becomes current, so
+    # that every span made under this one, in this task or its threads, inherits it.
+    attached = otel_context.attach(context) if context is not None else None
+    try:
+        with tracer.start_as_current_span(
+            f"{func_type} {processor}",
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            token = _in_processor_span.set(True)
+            try:
+                yield span
+            except BaseException as exc:
+                _spans.record_error(span, exc)
+                raise
+            finally:
+                _in_processor_span.reset(token)
+    finally:
+        if attached is not None:
+            otel_context.detach(attached)
+
+
+def record_output(span: Span, output: Any) -> None:
+    """The output's status (and error) on the span; a preview when content is captured."""
+    status = _spans.field(output, "status")
+    status = getattr(status, "value", status)
+    if status is not None:
+        span.set_attribute("agentic_rl.status", str(status))
+    if status == "failed":
+        error = _spans.field(output, "error")
+        span.set_status(Status(StatusCode.ERROR, _spans.scrub(str(error or "failed"))[:500]))
+    if capture_enabled():
+        span.set_attribute("agentic_rl.output", capture(output))
+
+
+def observe_processor(
+    func: Callable[..., Any] | None = None, /, *, tracer_provider: Any = None, **_options: Any
+) -> Any:
+    """A processor span per call of the decorated ``process(self, input_data)``."""
+    if func is None:
+        return lambda f: observe_processor(f, tracer_provider=tracer_provider)
+
+    def open_span(self: Any, input_data: Any) -> Any:
+        provider = active_provider(tracer_provider)
+        if provider is None or _in_processor_span.get():
+            return None
+        func_type = getattr(getattr(self, "func_type", None), "value", None) or _kind_of(self)
+        return processor_span(provider, func_type, type(self).__name__, input_data)
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def observed_async(self: Any, input_data: Any, *args: Any, **kwargs: Any) -> Any:
+            span_cm = open_span(self, input_data)
+            if span_cm is None:
+                return await func(self, input_data, *args, **kwargs)
+            with span_cm as span:
+                output = await func(self, input_data, *args, **kwargs)
+                record_output(span, output)
+                return output
+
+        return observed_async
+
+    @functools.wraps(func)
+    def observed(self: Any, input_data: Any, *args: Any, **kwargs: Any) -> Any:
+        span_cm = open_span(self, input_data)
+        if span_cm is None:
+            return func(self, input_data, *args, **kwargs)
+        with span_cm as span:
+            output = func(self, input_data, *args, **kwargs)
+            record_output(span, output)
+            return output
+
+    return observed
+
+
+def _kind_of(processor: Any) -> str:
+    # The kind comes from the processor's base, also for the DashScope SDK's bases.
+    for klass in type(processor).__mro__:
+        kind = {
+            "AbstractRolloutProcessor": "rollout",
+            "AbstractRewardProcessor": "reward",
+            "AbstractGroupRewardProcessor": "group_reward",
+        }.get(klass.__name__)
+        if kind:
+            return kind
+    return "processor"

@@ -1,0 +1,202 @@
+"""Tool spans: ``trace_tool`` for tool objects, ``@observe_tool`` for plain functions.
+
+``trace_tool`` accepts a single tool (a ``name`` plus ``invoke``/``ainvoke``, as
+LangChain's BaseTool), a list or tuple of them, a dict of name to tool, a LangGraph
+ToolNode (its ``tools_by_name``), and MCP tools as langchain-mcp-adapters returns them
+(provider recorded as "mcp"). It patches each tool's ``invoke``/``ainvoke`` in place and
+returns what it was given; tracing twice traces once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from processors_base.observability import _spans
+from processors_base.observability._core import active_provider, capture, capture_enabled, handler
+
+__all__ = ["observe_tool", "trace_tool"]
+
+T = TypeVar("T")
+_MARK = "__rl_traced__"
+
+
+def trace_tool(tools: T, *, tracer_provider: Any = None) -> T:
+    """Trace every call of these tools from now on; returns what it was given."""
+    if isinstance(tools, Mapping):
+        for tool in tools.values():
+            trace_tool(tool, tracer_provider=tracer_provider)
+        return tools
+    if isinstance(tools, (list, tuple)):
+        for tool in tools:
+            trace_tool(tool, tracer_provider=tracer_provider)
+        return tools
+    by_name = getattr(tools, "tools_by_name", None)  # a LangGraph ToolNode
+    if isinstance(by_name, Mapping):
+        trace_tool(by_name, tracer_provider=tracer_provider)
+        return tools
+    if not (
+        isinstance(getattr(tools, "name", None), str)
+        and (callable(getattr(tools, "invoke", None)) or callable(getattr(tools, "ainvoke", None)))
+    ):
+        raise TypeError(
+            f"trace_tool: {type(tools).__name__} is not a tool: pass a tool with a name and "
+            "invoke/ainvoke, a list, tuple or dict of them, or a LangGraph ToolNode "
+            "(for a plain function, use @observe_tool)"
+        )
+    for method in ("invoke", "ainvoke"):
+        original = getattr(tools, method, None)
+        if callable(original) and getattr(original, _MARK, None) is None:
+            traced = _wrap_method(tools, original, tracer_provider)
+            setattr(traced, _MARK, original)
+            object.__setattr__(tools, method, traced)  # BaseTool is a pydantic model
+    return tools
+
+
+def _is_mcp(tool: Any) -> bool:
+    coroutine = getattr(tool, "coroutine", None)
+    return (getattr(coroutine, "__module__", "") or "").startswith("langchain_mcp_adapters")
+
+
+def _start(
+    provider: Any, name: str, call_id: Any, arguments: Any, description: Any, mcp: bool
+) -> Any:
+    from opentelemetry.util.genai.extended_types import ExecuteToolInvocation
+
+    invocation = ExecuteToolInvocation(
+        tool_name=name,
+        tool_call_id=str(call_id) if call_id else None,
+        tool_description=description if isinstance(description, str) and description else None,
+        tool_type="function",
+        provider="mcp" if mcp else None,
+    )
+    if mcp:
+        invocation.attributes["gen_ai.provider.name"] = "mcp"
+    if capture_enabled():
+        invocation.attributes["gen_ai.tool.call.arguments"] = capture(arguments)
+    handler(provider).start_execute_tool(invocation)
+    return invocation
+
+
+def _stop(provider: Any, invocation: Any, result: Any) -> None:
+    if capture_enabled():
+        invocation.attributes["gen_ai.tool.call.result"] = capture(result)
+    handler(provider).stop_execute_tool(invocation)
+
+
+def _fail(provider: Any, invocation: Any, exc: BaseException) -> None:
+    from opentelemetry.util.genai.types import Error
+
+    if invocation.span is not None:
+        _spans.record_error(invocation.span, exc)
+    handler(provider).fail_execute_tool(
+        invocation, Error(message=_spans.scrub(str(exc)), type=type(exc))
+    )
+
+
+def _call_of(tool_input: Any) -> tuple[Any, Any]:
+    """(tool call id, arguments) of an invoke input: a ToolCall dict, or plain arguments."""
+    if isinstance(tool_input, Mapping) and tool_input.get("type") == "tool_call":
+        return tool_input.get("id"), tool_input.get("args")
+    return None, tool_input
+
+
+def _wrap_method(
+    tool: Any, original: Callable[..., Any], tracer_provider: Any
+) -> Callable[..., Any]:
+    mcp = _is_mcp(tool)
+    description = getattr(tool, "description", None)
+
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def traced_async(tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+            provider = active_provider(tracer_provider)
+            if provider is None:
+                return await original(tool_input, *args, **kwargs)
+            call_id, arguments = _call_of(tool_input)
+            invocation = _start(provider, tool.name, call_id, arguments, description, mcp)
+            try:
+                result = await original(tool_input, *args, **kwargs)
+            except BaseException as exc:
+                _fail(provider, invocation, exc)
+                raise
+            _stop(provider, invocation, result)
+            return result
+
+        return traced_async
+
+    @functools.wraps(original)
+    def traced(tool_input: Any, *args: Any, **kwargs: Any) -> Any:
+        provider = active_provider(tracer_provider)
+        if provider is None:
+            return original(tool_input, *args, **kwargs)
+        call_id, arguments = _call_of(tool_input)
+        invocation = _start(provider, tool.name, call_id, arguments, description, mcp)
+        try:
+            result = original(tool_input, *args, **kwargs)
+        except BaseException as exc:
+            _fail(provider, invocation, exc)
+            raise
+        _stop(provider, invocation, result)
+        return result
+
+    return traced
+
+
+def observe_tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    tracer_provider: Any = None,
+) -> Any:
+    """A tool span around a plain function, sync or async, named after it (or ``name``)."""
+    if func is None:
+        return lambda f: observe_tool(f, name=name, tracer_provider=tracer_provider)
+    tool_name = name or func.__name__
+    signature = inspect.signature(func)
+
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return dict(signature.bind(*args, **kwargs).arguments)
+        except TypeError:
+            return {"args": list(args), **kwargs}
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def observed_async(*args: Any, **kwargs: Any) -> Any:
+            provider = active_provider(tracer_provider)
+            if provider is None:
+                return await func(*args, **kwargs)
+            invocation = _start(
+                provider, tool_name, None, arguments(args, kwargs), func.__doc__, False
+            )
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException as exc:
+                _fail(provider, invocation, exc)
+                raise
+            _stop(provider, invocation, result)
+            return result
+
+        return observed_async
+
+    @functools.wraps(func)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        provider = active_provider(tracer_provider)
+        if provider is None:
+            return func(*args, **kwargs)
+        invocation = _start(provider, tool_name, None, arguments(args, kwargs), func.__doc__, False)
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            _fail(provider, invocation, exc)
+            raise
+        _stop(provider, invocation, result)
+        return result
+
+    return observed
