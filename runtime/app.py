@@ -2,7 +2,8 @@
 
 ``POST /api/v1`` is the hot path and is handled here directly on raw ASGI:
 admission -> body -> parse/validate -> slot -> process -> serialise -> response.
-Everything else (``/health``, 404 and 405 answers) goes through a small Starlette app,
+Everything else (``/health``, ``/metrics``, 404 and 405 answers) goes through a small
+Starlette app,
 where a few microseconds of routing do not matter.
 """
 
@@ -112,16 +113,10 @@ class FunctionApp:
                 self.state = DRAINING
                 if self._gauge_task is not None:
                     self._gauge_task.cancel()
-                ran_setup = self._setup_task is not None and self._setup_task.done()
-                if self._setup_task is not None and not ran_setup:
+                if self._setup_task is not None and not self._setup_task.done():
                     self._setup_task.cancel()
                 try:  # shutdown() only after a setup() that succeeded; pools always close
-                    await self.function.shutdown(run_hook=ran_setup and self._setup_ok)
-                    if self.tracing is not None:  # export what is left, within a bound
-                        with anyio.move_on_after(10):
-                            await anyio.to_thread.run_sync(
-                                self.tracing.shutdown, abandon_on_cancel=True
-                            )
+                    await self.function.shutdown(run_hook=self._setup_ok)
                 except Exception as exc:
                     log.error(
                         "%s.shutdown() failed: %s: %s",
@@ -129,6 +124,11 @@ class FunctionApp:
                         type(exc).__name__,
                         exc,
                     )
+                if self.tracing is not None:  # export what is left, within a bound
+                    with anyio.move_on_after(10):
+                        await anyio.to_thread.run_sync(
+                            self.tracing.shutdown, abandon_on_cancel=True
+                        )
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -30,6 +30,8 @@ INTERNAL_ERROR = "INTERNAL_ERROR"
 OVERLOADED = "OVERLOADED"
 NOT_READY = "NOT_READY"
 DRAINING = "DRAINING"
+# setup() or the processor's constructor failed: the server stops (exit code 3)
+SETUP_FAILED = "SETUP_FAILED"
 # 504
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 # 499: the client went away; logged, never sent

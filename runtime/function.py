@@ -42,16 +42,12 @@ class ProcessorFailure(Exception):
         self.code = code
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 async def run_user_code(func: Callable[..., Any], *args: Any) -> Any:
     """Await async user code on the loop; run sync user code in the bounded thread pool."""
     if inspect.iscoroutinefunction(func):
         return await func(*args)
     result = await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=True)
-    return await _maybe_await(result)
+    return await result if inspect.isawaitable(result) else result
 
 
 class Function:
@@ -70,7 +66,7 @@ class Function:
             self.processor = target.cls()
         except Exception as exc:
             raise ProcessorFailure(
-                "SETUP_FAILED", f"{target.name}() failed: {type(exc).__name__}: {exc}"
+                errors.SETUP_FAILED, f"{target.name}() failed: {type(exc).__name__}: {exc}"
             ) from exc
         process = self.processor.process
         self._process_is_async = inspect.iscoroutinefunction(process)
@@ -112,7 +108,8 @@ class Function:
                 await run_user_code(setup)
         except Exception as exc:
             raise ProcessorFailure(
-                "SETUP_FAILED", f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}"
+                errors.SETUP_FAILED,
+                f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}",
             ) from exc
 
     async def shutdown(self, run_hook: bool = True) -> None:

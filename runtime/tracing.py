@@ -57,7 +57,11 @@ class Tracing:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        attributes: dict[str, Any] = {"process.pid": os.getpid(), "agentic_rl.func_type": func_type}
+        attributes: dict[str, Any] = {
+            "process.pid": os.getpid(),
+            "agentic_rl.func_type": func_type,
+            "agentic_rl.processor": processor,
+        }
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
             "OTEL_RESOURCE_ATTRIBUTES", ""
         ):

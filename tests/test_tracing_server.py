@@ -62,7 +62,7 @@ def test_rollout_trace_has_the_processor_llm_and_tool_spans(start_server, receiv
     assert processor["kind"] == SERVER
     assert processor["parent_span_id"] == CALLER_SPAN
     assert processor["attributes"]["agentic_rl.request_id"] == "req-42"
-    assert processor["attributes"]["agentic_rl.status"] == "success"
+    assert processor["status"] == 0  # UNSET: the output's status was success
     llm_spans = receiver.named("chat ")
     assert [s["name"] for s in llm_spans] == ["chat demo-model", "chat demo-model"]
     for span in llm_spans:
@@ -92,6 +92,7 @@ def test_rollout_trace_has_the_processor_llm_and_tool_spans(start_server, receiv
         assert {k: span["attributes"].get(k) for k in IDS} == IDS
         assert "tenant" not in span["attributes"]  # foreign baggage is not copied
     assert processor["resource"]["service.name"] == "DemoRolloutProcessor"
+    assert processor["resource"]["agentic_rl.func_type"] == "rollout"
     assert processor["resource"]["process.pid"] == server.proc.pid
     # content was captured (asked for), and the api key is nowhere in what was exported
     assert "What is 17 * 23?" in processor["attributes"]["agentic_rl.input"]
@@ -121,7 +122,8 @@ def test_processor_failure_is_an_error_span_without_the_key(start_server, receiv
     (span,) = receiver.wait_for(1)
     assert span["name"] == "rollout LeakyRollout"
     assert span["status"] == 2  # ERROR
-    assert span["events"] == ["exception"]
+    assert span["events"] == ["exception"]  # recorded once
+    assert "sk-SECRET-777" not in span["status_message"]
     assert b"sk-SECRET-777" not in receiver.raw
 
 

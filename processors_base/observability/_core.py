@@ -10,6 +10,7 @@ traced in ``setup()`` before tracing was on is traced once it is, and a wrapper 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -58,8 +59,10 @@ def handler(provider: TracerProvider) -> Any:
     return found[1]
 
 
+@functools.lru_cache(maxsize=1)
 def capture_enabled() -> bool:
-    """Whether message and tool content may be recorded (off unless asked for)."""
+    """Whether message and tool content may be recorded (off unless asked for). Read once,
+    as OpenTelemetry reads its environment; ``capture_enabled.cache_clear()`` re-reads it."""
     value = os.environ.get(CAPTURE_ENV, "").strip().lower()
     return value in ("1", "true", "yes", "on", "span_only", "span_and_event", "event_only")
 

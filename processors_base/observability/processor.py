@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled
@@ -24,6 +24,16 @@ from processors_base.observability._core import active_provider, capture, captur
 __all__ = ["observe_processor", "processor_span", "record_output"]
 
 _in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=False)
+
+
+_tracers: dict[int, tuple[Any, Any]] = {}
+
+
+def _tracer(provider: Any) -> Any:
+    found = _tracers.get(id(provider))
+    if found is None or found[0] is not provider:
+        found = _tracers[id(provider)] = (provider, provider.get_tracer("agentic-rl-runtime"))
+    return found[1]
 
 
 @contextmanager
@@ -36,45 +46,36 @@ def processor_span(
     context: Any = None,
     attributes: dict[str, Any] | None = None,
 ) -> Iterator[Span]:
-    tracer = provider.get_tracer("agentic-rl-runtime")
-    attrs = {
-        "agentic_rl.func_type": func_type,
-        "agentic_rl.processor": processor,
-        **(attributes or {}),
-    }
+    # The function type and the processor are in the span's name (and, under the runtime,
+    # in the resource): every attribute costs on the hot path and again when exported.
+    attrs = dict(attributes) if attributes else {}
     if capture_enabled():
         attrs["agentic_rl.input"] = capture(input_data)
-    # The given context (the caller's span, the request's baggage) becomes current, so
-    # that every span made under this one, in this task or its threads, inherits it.
-    attached = otel_context.attach(context) if context is not None else None
+    parent = context if context is not None else otel_context.get_current()
+    span = _tracer(provider).start_span(
+        f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
+    )
+    # The span, over the given context (the caller's span, the request's baggage), becomes
+    # current: every span made under it, in this task or its threads, inherits both.
+    attached = otel_context.attach(set_span_in_context(span, parent))
+    marked = _in_processor_span.set(True)
     try:
-        with tracer.start_as_current_span(
-            f"{func_type} {processor}",
-            kind=SpanKind.SERVER,
-            attributes=attrs,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            token = _in_processor_span.set(True)
-            try:
-                yield span
-            except BaseException as exc:
-                _spans.record_error(span, exc)
-                raise
-            finally:
-                _in_processor_span.reset(token)
+        yield span
+    except BaseException as exc:
+        _spans.record_error(span, exc)
+        raise
     finally:
-        if attached is not None:
-            otel_context.detach(attached)
+        _in_processor_span.reset(marked)
+        otel_context.detach(attached)
+        span.end()
 
 
 def record_output(span: Span, output: Any) -> None:
-    """The output's status (and error) on the span; a preview when content is captured."""
+    """A failed output makes the span an error; a preview when content is captured."""
     status = _spans.field(output, "status")
     status = getattr(status, "value", status)
-    if status is not None:
-        span.set_attribute("agentic_rl.status", str(status))
     if status == "failed":
+        span.set_attribute("agentic_rl.status", "failed")
         error = _spans.field(output, "error")
         span.set_status(Status(StatusCode.ERROR, _spans.scrub(str(error or "failed"))[:500]))
     if capture_enabled():
