@@ -4,19 +4,17 @@ opentelemetry-proto and keeps the spans (and the raw bytes, to search for secret
 from __future__ import annotations
 
 import gzip
-import threading
 import time
 from typing import Any
 
-import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from threaded_server import ThreadedServer
 
 
 def _value(any_value: Any) -> Any:
@@ -26,27 +24,12 @@ def _value(any_value: Any) -> Any:
     return getattr(any_value, kind) if kind else None
 
 
-class OTLPReceiver:
+class OTLPReceiver(ThreadedServer):
     def __init__(self, port: int) -> None:
         self.endpoint = f"http://127.0.0.1:{port}"
         self.spans: list[dict[str, Any]] = []
         self.raw = b""
-        app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"])])
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> OTLPReceiver:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        super().__init__(port, [Route("/v1/traces", self._traces, methods=["POST"])])
 
     async def _traces(self, request: Request) -> Response:
         body = await request.body()

@@ -3,19 +3,16 @@ documented in the README (the real one is remote and cannot be reached from here
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from threaded_server import ThreadedServer
 
 
-class PlatformStub:
+class PlatformStub(ThreadedServer):
     def __init__(self, port: int, api_key: str = "sk-platform-test", busy_first: int = 0) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.api_key = api_key
@@ -23,27 +20,13 @@ class PlatformStub:
         self.functions: dict[str, dict[str, Any]] = {}
         self.registrations: list[dict[str, Any]] = []
         self.authorizations: list[str] = []
-        app = Starlette(
-            routes=[
+        super().__init__(
+            port,
+            [
                 Route("/api/v1/functions", self._register, methods=["POST"]),
                 Route("/api/v1/functions/{name}", self._get, methods=["GET"]),
-            ]
+            ],
         )
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-        )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> PlatformStub:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
 
     def _denied(self, request: Request) -> JSONResponse | None:
         header = request.headers.get("authorization", "")

@@ -7,6 +7,7 @@ one up here (``.ci/run`` does). Without one these tests skip and say so.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -188,13 +189,14 @@ def test_docker_stop_drains_and_exits_zero(test_workspace_image, run_container):
     assert "Finished server process" in docker("logs", name).stderr + docker("logs", name).stdout
 
 
-def ship(*args: str) -> subprocess.CompletedProcess[str]:
+def ship(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "runtime", "ship", *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -230,14 +232,7 @@ def test_ship_pushes_by_digest_and_registers_once(tmp_path):
             "json",
         ]
         env_key = {"DASHSCOPE_API_KEY": platform.api_key}
-        first = subprocess.run(
-            [sys.executable, "-m", "runtime", "ship", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=ROOT,
-            env={**__import__("os").environ, **env_key},
-        )
+        first = ship(*arguments, env=env_key)
         assert first.returncode == 0, first.stderr[-3000:]
         shown = json.loads(first.stdout)
         assert shown["state"] == "registered"
@@ -277,14 +272,7 @@ def test_ship_pushes_by_digest_and_registers_once(tmp_path):
         assert set(platform.authorizations) == {f"Bearer {platform.api_key}"}
         assert platform.api_key not in first.stdout + first.stderr
 
-        second = subprocess.run(
-            [sys.executable, "-m", "runtime", "ship", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=ROOT,
-            env={**__import__("os").environ, **env_key},
-        )
+        second = ship(*arguments, env=env_key)
         assert second.returncode == 0, second.stderr[-3000:]
         again = json.loads(second.stdout)
         assert again["state"] == "unchanged" and again["image"] == shown["image"]
