@@ -458,3 +458,14 @@ def test_capture_redacts_fail_closed():
     for leaked in ('"a"', "Bearer b", '"c"', "12345", '"d"', '"e"', "sk-request-key"):
         assert leaked not in text, leaked
     assert json.loads(text)["opaque"] == "<object>"
+
+
+def test_capture_never_cuts_a_secret_in_half():
+    secret = "sk-" + "q" * 100  # longer than any fixed slack
+    token = request_secrets.set((secret,))
+    try:
+        for budget in range(64, 200):
+            text = capture({"note": "x" * 60 + secret + "y" * 60}, limit=budget)
+            assert "sk-qq" not in text, budget
+    finally:
+        request_secrets.reset(token)

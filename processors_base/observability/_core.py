@@ -105,6 +105,7 @@ def capture(value: Any, limit: int | None = None) -> str:
     """
     budget = limit if limit is not None else capture_limit()
     secrets = tuple(s for s in request_secrets.get() if s)
+    longest = max((len(s) for s in secrets), default=0)
     parts: list[str] = []
     left = budget
 
@@ -134,7 +135,9 @@ def capture(value: Any, limit: int | None = None) -> str:
                 else f'"{item}"'
             )
         elif isinstance(item, str):
-            emit(json.dumps(scrub(item[: left + len(secrets) * 64]), ensure_ascii=False))
+            # Cut before escaping (a huge string is never processed whole), but past the
+            # budget by the longest secret, so that none is cut in half and left unrecognised.
+            emit(json.dumps(scrub(item[: left + longest]), ensure_ascii=False))
         elif type(item).__name__ in ("SecretStr", "SecretBytes"):
             emit(f'"{REDACTED}"')
         elif isinstance(item, Mapping):
