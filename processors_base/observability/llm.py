@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from processors_base.observability import _spans
@@ -110,15 +111,8 @@ def _wrap(
             provider = active_provider(tracer_provider)
             if provider is None:
                 return await original(*args, **kwargs)
-            invocation = _spans.start_llm(
-                provider, provider_name, kwargs.get("model"), kwargs.get("messages"), kwargs
-            )
-            try:
-                result = await original(*args, **kwargs)
-            except BaseException as exc:
-                _spans.fail_llm(provider, invocation, exc, secrets)
-                raise
-            return _finish(provider, invocation, result, kwargs, secrets)
+            with _llm_span(provider, provider_name, kwargs, secrets) as done:
+                return done(await original(*args, **kwargs))
 
         return traced_async
 
@@ -127,18 +121,30 @@ def _wrap(
         provider = active_provider(tracer_provider)
         if provider is None:
             return original(*args, **kwargs)
-        messages = kwargs.get("messages", kwargs.get("prompt"))
-        invocation = _spans.start_llm(
-            provider, provider_name, kwargs.get("model"), messages, kwargs
-        )
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            _spans.fail_llm(provider, invocation, exc, secrets)
-            raise
-        return _finish(provider, invocation, result, kwargs, secrets)
+        with _llm_span(provider, provider_name, kwargs, secrets) as done:
+            return done(original(*args, **kwargs))
 
     return traced
+
+
+@contextmanager
+def _llm_span(
+    provider: Any,
+    provider_name: str,
+    arguments: dict[str, Any],
+    secrets: tuple[str, ...],
+) -> Iterator[Callable[[Any], Any]]:
+    """An LLM span around one call with these keyword arguments; yields ``done(result)``,
+    which records the response (or hands the span to the stream returned) and returns it."""
+    messages = arguments.get("messages", arguments.get("prompt"))
+    invocation = _spans.start_llm(
+        provider, provider_name, arguments.get("model"), messages, arguments
+    )
+    try:
+        yield lambda result: _finish(provider, invocation, result, arguments, secrets)
+    except BaseException as exc:
+        _spans.fail_llm(provider, invocation, exc, secrets)
+        raise
 
 
 def _finish(
@@ -357,15 +363,8 @@ def observe_llm(
             if active is None:
                 return await func(*args, **kwargs)
             values = arguments(args, kwargs)
-            invocation = _spans.start_llm(
-                active, provider, values.get("model"), values.get("messages"), values
-            )
-            try:
-                result = await func(*args, **kwargs)
-            except BaseException as exc:
-                _spans.fail_llm(active, invocation, exc)
-                raise
-            return _finish(active, invocation, result, values, ())
+            with _llm_span(active, provider, values, ()) as done:
+                return done(await func(*args, **kwargs))
 
         return observed_async
 
@@ -375,14 +374,7 @@ def observe_llm(
         if active is None:
             return func(*args, **kwargs)
         values = arguments(args, kwargs)
-        invocation = _spans.start_llm(
-            active, provider, values.get("model"), values.get("messages"), values
-        )
-        try:
-            result = func(*args, **kwargs)
-        except BaseException as exc:
-            _spans.fail_llm(active, invocation, exc)
-            raise
-        return _finish(active, invocation, result, values, ())
+        with _llm_span(active, provider, values, ()) as done:
+            return done(func(*args, **kwargs))
 
     return observed

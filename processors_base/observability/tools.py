@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from processors_base.observability import _spans
@@ -60,10 +61,14 @@ def _is_mcp(tool: Any) -> bool:
     return (getattr(coroutine, "__module__", "") or "").startswith("langchain_mcp_adapters")
 
 
-def _start(
-    provider: Any, name: str, call_id: Any, arguments: Any, description: Any, mcp: bool
-) -> Any:
+@contextmanager
+def _tool_span(
+    provider: Any, name: str, call_id: Any, arguments: Any, description: Any, mcp: bool = False
+) -> Iterator[Callable[[Any], Any]]:
+    """A tool span around one call; yields ``done(result)``, which records the result,
+    ends the span and returns the result."""
     from opentelemetry.util.genai.extended_types import ExecuteToolInvocation
+    from opentelemetry.util.genai.types import Error
 
     invocation = ExecuteToolInvocation(
         tool_name=name,
@@ -74,26 +79,26 @@ def _start(
     )
     if mcp:
         invocation.attributes["gen_ai.provider.name"] = "mcp"
-    if capture_enabled():
+    capturing = capture_enabled()
+    if capturing:
         invocation.attributes["gen_ai.tool.call.arguments"] = capture(arguments)
-    handler(provider).start_execute_tool(invocation)
-    return invocation
+    telemetry = handler(provider)
+    telemetry.start_execute_tool(invocation)
 
+    def done(result: Any) -> Any:
+        if capturing:
+            invocation.attributes["gen_ai.tool.call.result"] = capture(result)
+        telemetry.stop_execute_tool(invocation)
+        return result
 
-def _stop(provider: Any, invocation: Any, result: Any) -> None:
-    if capture_enabled():
-        invocation.attributes["gen_ai.tool.call.result"] = capture(result)
-    handler(provider).stop_execute_tool(invocation)
-
-
-def _fail(provider: Any, invocation: Any, exc: BaseException) -> None:
-    from opentelemetry.util.genai.types import Error
-
-    if invocation.span is not None:
-        _spans.record_error(invocation.span, exc)
-    handler(provider).fail_execute_tool(
-        invocation, Error(message=_spans.scrub(str(exc)), type=type(exc))
-    )
+    try:
+        yield done
+    except BaseException as exc:
+        if invocation.span is not None:
+            _spans.record_error(invocation.span, exc)
+        message = _spans.scrub(str(exc))
+        telemetry.fail_execute_tool(invocation, Error(message=message, type=type(exc)))
+        raise
 
 
 def _call_of(tool_input: Any) -> tuple[Any, Any]:
@@ -117,14 +122,8 @@ def _wrap_method(
             if provider is None:
                 return await original(tool_input, *args, **kwargs)
             call_id, arguments = _call_of(tool_input)
-            invocation = _start(provider, tool.name, call_id, arguments, description, mcp)
-            try:
-                result = await original(tool_input, *args, **kwargs)
-            except BaseException as exc:
-                _fail(provider, invocation, exc)
-                raise
-            _stop(provider, invocation, result)
-            return result
+            with _tool_span(provider, tool.name, call_id, arguments, description, mcp) as done:
+                return done(await original(tool_input, *args, **kwargs))
 
         return traced_async
 
@@ -134,14 +133,8 @@ def _wrap_method(
         if provider is None:
             return original(tool_input, *args, **kwargs)
         call_id, arguments = _call_of(tool_input)
-        invocation = _start(provider, tool.name, call_id, arguments, description, mcp)
-        try:
-            result = original(tool_input, *args, **kwargs)
-        except BaseException as exc:
-            _fail(provider, invocation, exc)
-            raise
-        _stop(provider, invocation, result)
-        return result
+        with _tool_span(provider, tool.name, call_id, arguments, description, mcp) as done:
+            return done(original(tool_input, *args, **kwargs))
 
     return traced
 
@@ -172,16 +165,10 @@ def observe_tool(
             provider = active_provider(tracer_provider)
             if provider is None:
                 return await func(*args, **kwargs)
-            invocation = _start(
-                provider, tool_name, None, arguments(args, kwargs), func.__doc__, False
-            )
-            try:
-                result = await func(*args, **kwargs)
-            except BaseException as exc:
-                _fail(provider, invocation, exc)
-                raise
-            _stop(provider, invocation, result)
-            return result
+            with _tool_span(
+                provider, tool_name, None, arguments(args, kwargs), func.__doc__
+            ) as done:
+                return done(await func(*args, **kwargs))
 
         return observed_async
 
@@ -190,13 +177,7 @@ def observe_tool(
         provider = active_provider(tracer_provider)
         if provider is None:
             return func(*args, **kwargs)
-        invocation = _start(provider, tool_name, None, arguments(args, kwargs), func.__doc__, False)
-        try:
-            result = func(*args, **kwargs)
-        except BaseException as exc:
-            _fail(provider, invocation, exc)
-            raise
-        _stop(provider, invocation, result)
-        return result
+        with _tool_span(provider, tool_name, None, arguments(args, kwargs), func.__doc__) as done:
+            return done(func(*args, **kwargs))
 
     return observed
