@@ -175,24 +175,15 @@ def sdk_server(cls: str, sdk_python: Path, logging: bool = True) -> Server:
     return server
 
 
+def uvicorn_server(name: str, app: str, env: dict[str, str] | None = None) -> Server:
+    """A plain ASGI app (from benchmarks/) on the same uvicorn, as a reference point."""
+    command = [PY, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", "{port}",
+               "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    return Server(name, command, env or {})
+
+
 def bare_server(wait: float = 0.0) -> Server:
-    return Server(
-        "bare",
-        [
-            PY,
-            "-m",
-            "uvicorn",
-            "bare_app:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        {"BARE_WAIT": str(wait)},
-    )
+    return uvicorn_server("bare", "bare_app:app", {"BARE_WAIT": str(wait)})
 
 
 def wrk(wrk_bin: str, url: str, connections: int, seconds: float, script: Path) -> dict[str, float]:
@@ -376,22 +367,7 @@ def main() -> None:
     }
 
     print("scenario 5: tracing on (exporting to a local OTLP sink) against off", file=sys.stderr)
-    sink = Server(
-        "otlp sink",
-        [
-            PY,
-            "-m",
-            "uvicorn",
-            "otlp_sink:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-    )
+    sink = uvicorn_server("otlp sink", "otlp_sink:app")
     sink.start_listening()
     try:
         traced = runtime_server("EchoReward", "--tracing")

@@ -100,9 +100,19 @@ def _patch(owner: Any, attr: str, provider_name: str, tracer_provider: Any) -> N
     object.__setattr__(owner, attr, traced)
 
 
+def _keywords(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    return kwargs  # clients take model=, messages= and the parameters by keyword
+
+
 def _wrap(
-    original: Callable[..., Any], provider_name: str, tracer_provider: Any, secrets: tuple[str, ...]
+    original: Callable[..., Any],
+    provider_name: str,
+    tracer_provider: Any,
+    secrets: tuple[str, ...],
+    arguments_of: Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]] = _keywords,
 ) -> Callable[..., Any]:
+    """``original`` with an LLM span per call (while tracing is on); ``arguments_of`` names
+    the call's arguments (model, messages, parameters)."""
     # openai's async create is a plain function returning a coroutine under a decorator
     if inspect.iscoroutinefunction(inspect.unwrap(original)):
 
@@ -111,7 +121,7 @@ def _wrap(
             provider = active_provider(tracer_provider)
             if provider is None:
                 return await original(*args, **kwargs)
-            with _llm_span(provider, provider_name, kwargs, secrets) as done:
+            with _llm_span(provider, provider_name, arguments_of(args, kwargs), secrets) as done:
                 return done(await original(*args, **kwargs))
 
         return traced_async
@@ -121,7 +131,7 @@ def _wrap(
         provider = active_provider(tracer_provider)
         if provider is None:
             return original(*args, **kwargs)
-        with _llm_span(provider, provider_name, kwargs, secrets) as done:
+        with _llm_span(provider, provider_name, arguments_of(args, kwargs), secrets) as done:
             return done(original(*args, **kwargs))
 
     return traced
@@ -355,26 +365,4 @@ def observe_llm(
         )
         return values
 
-    if inspect.iscoroutinefunction(func):
-
-        @functools.wraps(func)
-        async def observed_async(*args: Any, **kwargs: Any) -> Any:
-            active = active_provider(tracer_provider)
-            if active is None:
-                return await func(*args, **kwargs)
-            values = arguments(args, kwargs)
-            with _llm_span(active, provider, values, ()) as done:
-                return done(await func(*args, **kwargs))
-
-        return observed_async
-
-    @functools.wraps(func)
-    def observed(*args: Any, **kwargs: Any) -> Any:
-        active = active_provider(tracer_provider)
-        if active is None:
-            return func(*args, **kwargs)
-        values = arguments(args, kwargs)
-        with _llm_span(active, provider, values, ()) as done:
-            return done(func(*args, **kwargs))
-
-    return observed
+    return _wrap(func, provider, tracer_provider, (), arguments)
