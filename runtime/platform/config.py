@@ -1,0 +1,303 @@
+"""The job file (``rl-job.yaml``, ``opd-job.yaml``): the SDK's YAML schema, as pydantic models.
+
+Closed where the SDK's models are (an unknown key is an error), open where they are open
+(``observability``, ``training.resources``, hyper-parameters). Every error names the key
+path and the line of the file it comes from. Known hyper-parameters are converted to the
+types the platform documents (YAML 1.1 reads ``2e-6`` as a string; the SDK sends it so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "ConfigError",
+    "Dataset",
+    "FcModel",
+    "FunctionSpec",
+    "JobConfig",
+    "JobFile",
+    "Runtime",
+    "load_job_file",
+]
+
+FunctionKind = Literal["rollout", "reward", "group_reward"]
+
+
+class ConfigError(Exception):
+    """A job file that cannot be used; the message names the file, line and key path."""
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Closed):
+    name: str | None = None
+
+
+class FcModel(_Closed):
+    zipdir: str = "./"
+    classpath: str = ""
+    filepath: str = ""
+    classname: str = ""
+    requirements_path: str | None = "./requirements.txt"
+    extra_files: list[str] = Field(default_factory=list)
+    oss_id: str | None = None
+    oss_signed_url: str | None = None
+
+
+class Runtime(_Closed):
+    layer_code: str | None = None
+    cpu: float | None = None
+    memory_size: int | None = None
+    disk_size: int | None = None
+    concurrency: int | None = None
+    capacity: int | None = None
+    max_capacity: int | None = None
+    min_capacity: int | None = None
+    memory_scale_threshold: float | None = None
+    concurrency_scale_threshold: float | None = None
+    enable_vpc_config: bool | None = None
+    security_group_id: str | None = None
+    switch_ids: list[str] | None = None
+    vpc_id: str | None = None
+    vpc_role: str | None = None
+    enable_log: bool | None = None
+    env: dict[str, Any] | None = None
+
+
+class FunctionSpec(_Closed):
+    type: FunctionKind = "rollout"
+    name: str | None = None
+    timeout: int | None = None
+    weight: float | None = None
+    reward_metric_weight: dict[str, float] | None = None
+    fcmodel: FcModel = Field(default_factory=FcModel)
+    runtime: Runtime | None = None
+    entity_id: str | None = None
+    # state fields of the SDK's model: accepted, never read from a file
+    instance_id: str | None = None
+    instance_url: str | None = None
+    instance_token: str | None = None
+    instance_status: int = -1
+
+
+class MountStorage(_Closed):
+    region: str | None = None
+    bucket: str | None = None
+    file_path: str | None = None
+
+
+class Dataset(_Closed):
+    type: Literal["training", "validation", "testing"] = "training"
+    data_source_type: Literal["file_id", "download_url", "oss_mount"] = "file_id"
+    file_name: str | None = None
+    file_id: str | None = None
+    download_url: str | None = None
+    mount_storage: MountStorage | None = None
+
+    @property
+    def needs_upload(self) -> bool:
+        return self.data_source_type == "file_id" and not self.file_id and bool(self.file_name)
+
+
+class HyperParameters(BaseModel):
+    """Open: unknown keys pass with their YAML types; the documented ones get their types."""
+
+    model_config = ConfigDict(extra="allow")
+
+    algorithm: str | None = None
+    batch_size: int | None = None
+    eval_steps: int | None = None
+    kl_loss_coef: float | None = None
+    learning_rate: float | None = None
+    lr_scheduler_type: str | None = None
+    max_length: int | None = None
+    n_epochs: int | None = None
+    n_rollouts: int | None = None
+    ppo_mini_batch_size: int | None = None
+    save_steps: int | None = None
+    save_strategy: str | None = None
+    save_total_limit: int | None = None
+
+
+class Training(_Closed):
+    type: Literal["reinforcement", "pg_opd"] = "reinforcement"
+    hyper_parameters: HyperParameters | None = None
+    resources: dict[str, Any] | None = None
+
+
+class JobConfig(_Closed):
+    name: str = Field("agentic-rl", min_length=1, max_length=256)
+    model: ModelRef = Field(default_factory=ModelRef)
+    teacher_model: str | None = None
+    functions: list[FunctionSpec] = Field(default_factory=list)
+    datasets: list[Dataset] = Field(default_factory=list)
+    training: Training = Field(default_factory=Training)
+    observability: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass
+class JobFile:
+    """A validated job file, with what is needed to point back into it."""
+
+    path: Path
+    config: JobConfig
+    lines: dict[tuple[str | int, ...], int] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        """Relative paths (``zipdir``, ``file_name``) resolve against the file's directory."""
+        return self.path.parent
+
+    def where(self, *loc: str | int) -> str:
+        """``file:line: key.path`` of a location (the nearest enclosing key that has a line)."""
+        for end in range(len(loc), -1, -1):
+            line = self.lines.get(tuple(loc[:end]))
+            if line is not None:
+                return f"{self.path}:{line}: {_dotted(loc) or '(top level)'}"
+        return f"{self.path}: {_dotted(loc) or '(top level)'}"
+
+    def error(self, message: str, *loc: str | int) -> ConfigError:
+        return ConfigError(f"{self.where(*loc)}: {message}")
+
+    def check(self) -> None:
+        """The rules across keys, after command-line overrides are applied."""
+        config = self.config
+        seen: dict[str, int] = {}
+        for index, function in enumerate(config.functions):
+            fcmodel = function.fcmodel
+            if not function.entity_id and not (
+                fcmodel.classpath or (fcmodel.filepath and fcmodel.classname)
+            ):
+                raise self.error(
+                    "needs fcmodel.classpath (or fcmodel.filepath and fcmodel.classname), "
+                    "or the entity_id of a registered function",
+                    "functions",
+                    index,
+                )
+            if function.name is None:
+                continue
+            if function.name in seen:
+                raise self.error(
+                    f"function name {function.name!r} is also used by "
+                    f"functions[{seen[function.name]}] (names must be unique)",
+                    "functions",
+                    index,
+                    "name",
+                )
+            seen[function.name] = index
+        rollouts = [i for i, f in enumerate(config.functions) if f.type == "rollout"]
+        rewards = [i for i, f in enumerate(config.functions) if f.type != "rollout"]
+        if len(rollouts) > 1:
+            raise self.error(
+                f"{len(rollouts)} rollouts (functions{rollouts}): a job runs one rollout; "
+                "keep one (the platform takes a single rollout, so the others would be "
+                "registered and never used)",
+                "functions",
+                rollouts[1],
+            )
+        if config.teacher_model:
+            return  # OPD: rollout and reward are each optional
+        if config.training.type == "pg_opd":
+            raise self.error(
+                "pg_opd (on-policy distillation) needs a teacher model: set teacher_model "
+                "or pass --teacher-model",
+                "training",
+                "type",
+            )
+        if not rollouts or not rewards:
+            missing = "a rollout" if not rollouts else "a reward or group_reward"
+            raise self.error(
+                f"reinforcement training needs at least one rollout and one reward; "
+                f"{missing} is missing (with a teacher model, both are optional)",
+                "functions",
+            )
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _lines(node: yaml.Node, prefix: tuple[str | int, ...], out: dict) -> None:
+    out[prefix] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                out[(*prefix, key.value)] = key.start_mark.line + 1
+                _lines(value, (*prefix, key.value), out)
+                out[(*prefix, key.value)] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _lines(item, (*prefix, index), out)
+
+
+def load_job_file(path: str | Path) -> JobFile:
+    """Read and validate a job file; every problem is a ConfigError naming line and key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the job file {path}: {exc.strerror or exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    lines: dict[tuple[str | int, ...], int] = {}
+    if node is not None:
+        _lines(node, (), lines)
+    job = JobFile(path, JobConfig(), lines)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise job.error("the job file must be a mapping of keys (name, functions, ...)")
+    try:
+        job.config = JobConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise job.error(_reason(first), *first["loc"]) from None
+    return job
+
+
+def _reason(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown key" + _allowed(error["loc"])
+    return str(error["msg"])
+
+
+def _allowed(loc: tuple[str | int, ...]) -> str:
+    model: Any = JobConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        if info is None:
+            return ""
+        model = _model_of(info.annotation)
+        if model is None:
+            return ""
+    return " (allowed: " + ", ".join(model.model_fields) + ")"
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside ``X``, ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
