@@ -35,21 +35,26 @@ __all__ = [
 ]
 
 
-class TaskStatus(str, Enum):
+class _QualifiedStr(str, Enum):
+    """``str()`` and f-strings give ``Class.MEMBER``, as the SDK's enums do on every Python
+    version, so user code that formats a status prints the same; JSON carries the value."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+class TaskStatus(_QualifiedStr):
     SUCCESS = "success"
     FAILED = "failed"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ModelProtocol(str, Enum):
+class ModelProtocol(_QualifiedStr):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
     DASHSCOPE = "dashscope"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class FunctionType(str, Enum):

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.util.genai.extended_handler import ExtendedTelemetryHandler
 from pydantic import SecretStr
 
 from processors_base import (
@@ -392,9 +393,76 @@ def test_observe_tool_and_tool_errors(traced):
     assert [e.name for e in failed.events] == ["exception"]
 
 
-def test_trace_tool_refuses_what_is_not_a_tool():
-    with pytest.raises(TypeError, match="is not a tool"):
-        trace_tool(lambda x: x)
+def test_trace_tool_passes_what_is_not_a_tool_through_with_a_warning(traced, caplog):
+    # as the SDK does: a warning, once per type, and the object back untouched
+    provider, exporter = traced
+
+    def plain(x: int) -> int:
+        return x
+
+    assert trace_tool(plain, tracer_provider=provider) is plain
+    assert trace_tool([plain, plain], tracer_provider=provider)[0] is plain
+    warnings = [r for r in caplog.records if "is not a tool" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    assert plain(3) == 3 and tool_spans(exporter) == []
+
+
+def test_the_sdks_keyword_arguments_for_tools(traced):
+    provider, exporter = traced
+    add, _ = make_tools()
+    trace_tool([add], provider="my-plugin", tracer_provider=provider)
+    add.invoke({"a": 1, "b": 2})
+
+    own = ExtendedTelemetryHandler(tracer_provider=provider)
+    calls = []
+    original_start = own.start_execute_tool
+    own.start_execute_tool = lambda inv: (calls.append(inv.tool_name), original_start(inv))[1]
+
+    @observe_tool(provider="search-api", handler=own, tracer_provider=provider)
+    def search(query: str) -> str:
+        return query
+
+    assert search("q") == "q"
+    traced_add, searched = tool_spans(exporter)
+    assert traced_add.attributes["gen_ai.provider.name"] == "my-plugin"
+    assert searched.attributes["gen_ai.provider.name"] == "search-api"
+    assert calls == ["search"]  # recorded through the handler given
+
+
+def test_the_sdks_keyword_arguments_for_observe_llm(traced):
+    provider, exporter = traced
+    own = ExtendedTelemetryHandler(tracer_provider=provider)
+    seen = []
+    original_stop = own.stop_llm
+    own.stop_llm = lambda inv: (seen.append(inv.request_model), original_stop(inv))[1]
+
+    def mapper(invocation, result) -> None:
+        invocation.response_model_name = result["served_by"]
+        invocation.input_tokens = result["tokens"]
+
+    @observe_llm(
+        request_model_arg="engine",
+        messages_arg="history",
+        prompt_arg="text",
+        result_mapper=mapper,
+        handler=own,
+        tracer_provider=provider,
+    )
+    def complete(engine: str, history: list | None = None, text: str | None = None) -> dict:
+        return {"served_by": engine + "-v2", "tokens": 7}
+
+    assert complete("qwen", text="hi") == {"served_by": "qwen-v2", "tokens": 7}
+    assert complete(engine="qwen", history=MESSAGES)["tokens"] == 7
+    first, _ = spans(exporter)
+    assert first.name == "chat qwen" and seen == ["qwen", "qwen"]
+    assert first.attributes["gen_ai.response.model"] == "qwen-v2"
+    assert first.attributes["gen_ai.usage.input_tokens"] == 7
+
+    with pytest.raises(TypeError, match="no 'engine' parameter"):
+
+        @observe_llm(request_model_arg="engine")
+        def no_engine(model: str) -> str:
+            return model
 
 
 def test_processor_span_kind_comes_from_the_processor(traced):

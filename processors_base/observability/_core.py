@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
+from processors_base.redaction import REDACTED, redact, request_secrets, secret_forms
+
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 LIMIT_ENV = "AGENTIC_RL_CAPTURE_MAX_CHARS"
-REDACTED = "***"
 
 # Ids of request_metadata: baggage of every span of a request, and attributes of each span.
 BAGGAGE_KEYS = (
@@ -33,11 +34,24 @@ BAGGAGE_KEYS = (
     "agentic_rl.job_id",
 )
 
-# Secret values of the current request (its model_resource api_key), blanked wherever they
-# appear inside captured strings. Set by the runtime per request.
-request_secrets: ContextVar[tuple[str, ...]] = ContextVar("request_secrets", default=())
+# request_secrets (the current request's api_key) are blanked wherever they appear inside
+# captured strings, in any encoding: see processors_base.redaction.
 
 _handlers: dict[int, Any] = {}
+
+# loongsuite announces at import that its optional audio extras are missing (even when
+# imported from an exit hook, where the line lands on a bare terminal); only that notice
+# is dropped, its other warnings still show.
+_AUDIO_NOTICE = "numpy or soundfile not available, PCM16 to WAV conversion will be skipped"
+
+
+def _not_the_audio_notice(record: logging.LogRecord) -> bool:
+    return record.msg != _AUDIO_NOTICE
+
+
+logging.getLogger("opentelemetry.util.genai._multimodal_upload.pre_uploader").addFilter(
+    _not_the_audio_notice
+)
 
 
 def active_provider(explicit: TracerProvider | None = None) -> TracerProvider | None:
@@ -49,7 +63,10 @@ def active_provider(explicit: TracerProvider | None = None) -> TracerProvider | 
 
 
 def handler(provider: TracerProvider) -> Any:
-    """The loongsuite GenAI telemetry handler bound to ``provider`` (one per provider)."""
+    """The loongsuite GenAI telemetry handler bound to ``provider`` (one per provider). A
+    handler the user gave (``handler=``) stands in for the provider and is used as is."""
+    if not isinstance(provider, TracerProvider) and callable(getattr(provider, "stop_llm", None)):
+        return provider
     found = _handlers.get(id(provider))
     if found is None or found[0] is not provider:
         from opentelemetry.util.genai.extended_handler import ExtendedTelemetryHandler
@@ -74,6 +91,8 @@ def capture_limit() -> int:
         return 8192
 
 
+# Key names whose values are never recorded: any name containing one of these parts, ending
+# in "token", or equal to one of the short names (compared without case, "-" and "_").
 _SECRET_PARTS = (
     "apikey",
     "authorization",
@@ -84,12 +103,29 @@ _SECRET_PARTS = (
     "credential",
     "cookie",
     "privatekey",
+    "sessionid",
+    "sessionkey",
 )
+_SECRET_NAMES = frozenset({"auth", "key", "pwd", "dsn", "session", "sig", "signature"})
 
 
 def is_secret_key(key: str) -> bool:
     normal = key.lower().replace("-", "").replace("_", "")
-    return normal.endswith("token") or any(part in normal for part in _SECRET_PARTS)
+    return (
+        normal in _SECRET_NAMES
+        or normal.endswith("token")
+        or any(part in normal for part in _SECRET_PARTS)
+    )
+
+
+def _header_pair(item: Any) -> bool:
+    """A (name, value) pair whose name is a secret's, as in a list of headers."""
+    return (
+        isinstance(item, (tuple, list))
+        and len(item) == 2
+        and isinstance(item[0], (str, bytes))
+        and is_secret_key(item[0].decode("latin-1") if isinstance(item[0], bytes) else item[0])
+    )
 
 
 class _Full(Exception):
@@ -104,8 +140,8 @@ def capture(value: Any, limit: int | None = None) -> str:
     request's own secrets become "***"; objects of unknown types become "<TypeName>".
     """
     budget = limit if limit is not None else capture_limit()
-    secrets = tuple(s for s in request_secrets.get() if s)
-    longest = max((len(s) for s in secrets), default=0)
+    secrets = request_secrets.get()
+    longest = max((len(s) for s in secret_forms(secrets)), default=0) if secrets else 0
     parts: list[str] = []
     left = budget
 
@@ -118,10 +154,8 @@ def capture(value: Any, limit: int | None = None) -> str:
         left -= len(text)
 
     def scrub(text: str) -> str:
-        for secret in secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
+        # the request's secrets in any encoding, bearer tokens, URLs with a password
+        return redact(text, secrets)
 
     def walk(item: Any, depth: int) -> None:
         if depth > 32:
@@ -149,6 +183,9 @@ def capture(value: Any, limit: int | None = None) -> str:
                 else:
                     walk(inner, depth + 1)
             emit("}")
+        elif _header_pair(item):  # ("Authorization", "Bearer ...") in a list of headers
+            name = item[0].decode("latin-1") if isinstance(item[0], bytes) else item[0]
+            emit("[" + json.dumps(name, ensure_ascii=False) + f',"{REDACTED}"]')
         elif isinstance(item, (list, tuple, set, frozenset)):
             emit("[")
             for index, inner in enumerate(item):

@@ -9,13 +9,8 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from processors_base.observability._core import (
-    REDACTED,
-    capture,
-    capture_enabled,
-    handler,
-    request_secrets,
-)
+from processors_base.observability._core import capture, capture_enabled, handler
+from processors_base.redaction import redact
 
 # request keyword -> LLMInvocation field
 _REQUEST_PARAMS = {
@@ -46,10 +41,10 @@ def field(obj: Any, *path: str) -> Any:
 
 
 def scrub(text: str, extra: Iterable[str] = ()) -> str:
-    for secret in (*request_secrets.get(), *extra):
-        if secret and secret in text:
-            text = text.replace(secret, REDACTED)
-    return text
+    """The request's secrets (in any encoding), ``extra`` and credentials blanked."""
+    text = redact(text)
+    extra = tuple(extra)
+    return redact(text, extra, credentials=False) if extra else text
 
 
 def record_error(span: Span, exc: BaseException, extra_secrets: Iterable[str] = ()) -> None:

@@ -110,9 +110,12 @@ def _wrap(
     tracer_provider: Any,
     secrets: tuple[str, ...],
     arguments_of: Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]] = _keywords,
+    mapper: Callable[[Any, Any], None] | None = None,
+    telemetry: Any = None,
 ) -> Callable[..., Any]:
     """``original`` with an LLM span per call (while tracing is on); ``arguments_of`` names
-    the call's arguments (model, messages, parameters)."""
+    the call's arguments (model, messages, parameters); ``mapper(invocation, result)``
+    replaces the reading of the response; ``telemetry`` is a user's own GenAI handler."""
     # openai's async create is a plain function returning a coroutine under a decorator
     if inspect.iscoroutinefunction(inspect.unwrap(original)):
 
@@ -121,7 +124,9 @@ def _wrap(
             provider = active_provider(tracer_provider)
             if provider is None:
                 return await original(*args, **kwargs)
-            with _llm_span(provider, provider_name, arguments_of(args, kwargs), secrets) as done:
+            with _llm_span(
+                telemetry or provider, provider_name, arguments_of(args, kwargs), secrets, mapper
+            ) as done:
                 return done(await original(*args, **kwargs))
 
         return traced_async
@@ -131,7 +136,9 @@ def _wrap(
         provider = active_provider(tracer_provider)
         if provider is None:
             return original(*args, **kwargs)
-        with _llm_span(provider, provider_name, arguments_of(args, kwargs), secrets) as done:
+        with _llm_span(
+            telemetry or provider, provider_name, arguments_of(args, kwargs), secrets, mapper
+        ) as done:
             return done(original(*args, **kwargs))
 
     return traced
@@ -143,6 +150,7 @@ def _llm_span(
     provider_name: str,
     arguments: dict[str, Any],
     secrets: tuple[str, ...],
+    mapper: Callable[[Any, Any], None] | None = None,
 ) -> Iterator[Callable[[Any], Any]]:
     """An LLM span around one call with these keyword arguments; yields ``done(result)``,
     which records the response (or hands the span to the stream returned) and returns it."""
@@ -151,37 +159,51 @@ def _llm_span(
         provider, provider_name, arguments.get("model"), messages, arguments
     )
     try:
-        yield lambda result: _finish(provider, invocation, result, arguments, secrets)
+        yield lambda result: _finish(provider, invocation, result, arguments, secrets, mapper)
     except BaseException as exc:
         _spans.fail_llm(provider, invocation, exc, secrets)
         raise
 
 
 def _finish(
-    provider: Any, invocation: Any, result: Any, kwargs: dict[str, Any], secrets: tuple[str, ...]
+    provider: Any,
+    invocation: Any,
+    result: Any,
+    kwargs: dict[str, Any],
+    secrets: tuple[str, ...],
+    mapper: Callable[[Any, Any], None] | None = None,
 ) -> Any:
     if inspect.isawaitable(result):  # an async call reached through a sync-looking wrapper
-        return _finish_later(provider, invocation, result, kwargs, secrets)
-    if kwargs.get("stream") or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        return _finish_later(provider, invocation, result, kwargs, secrets, mapper)
+    if mapper is None and (
+        kwargs.get("stream") or inspect.isgenerator(result) or inspect.isasyncgen(result)
+    ):
         _spans.detach(invocation)
         return traced_stream(result, _spans.StreamState(provider, invocation, secrets))
-    # a custom function may return plain text: recorded as the output text
-    _spans.apply_response(
-        invocation, {"output": {"text": result}} if isinstance(result, str) else result
-    )
+    if mapper is not None:
+        mapper(invocation, result)
+    else:  # a custom function may return plain text: recorded as the output text
+        _spans.apply_response(
+            invocation, {"output": {"text": result}} if isinstance(result, str) else result
+        )
     _spans.finish_llm(provider, invocation)
     return result
 
 
 async def _finish_later(
-    provider: Any, invocation: Any, awaitable: Any, kwargs: dict[str, Any], secrets: tuple[str, ...]
+    provider: Any,
+    invocation: Any,
+    awaitable: Any,
+    kwargs: dict[str, Any],
+    secrets: tuple[str, ...],
+    mapper: Callable[[Any, Any], None] | None = None,
 ) -> Any:
     try:
         result = await awaitable
     except BaseException as exc:
         _spans.fail_llm(provider, invocation, exc, secrets)
         raise
-    return _finish(provider, invocation, result, kwargs, secrets)
+    return _finish(provider, invocation, result, kwargs, secrets, mapper)
 
 
 # --- streams -------------------------------------------------------------------------
@@ -336,19 +358,37 @@ def observe_llm(
     /,
     *,
     provider: str = "custom",
+    request_model_arg: str = "model",
+    messages_arg: str = "messages",
+    prompt_arg: str = "prompt",
+    result_mapper: Callable[[Any, Any], None] | None = None,
+    handler: Any = None,
     tracer_provider: Any = None,
 ) -> Any:
-    """An LLM span around a function that calls a model: ``model=`` and ``messages=`` are
-    read from its arguments (by keyword, or by position through its signature)."""
+    """An LLM span around a function that calls a model. The model and the input are read
+    from its arguments (by keyword, or by position through its signature): the argument
+    named ``request_model_arg``, and ``messages_arg`` or else ``prompt_arg``.
+    ``result_mapper(invocation, result)`` fills the span from the result instead of the
+    built-in reading of OpenAI/DashScope responses; ``handler`` records through your own
+    GenAI telemetry handler."""
+    options = {
+        "provider": provider,
+        "request_model_arg": request_model_arg,
+        "messages_arg": messages_arg,
+        "prompt_arg": prompt_arg,
+        "result_mapper": result_mapper,
+        "handler": handler,
+        "tracer_provider": tracer_provider,
+    }
     if func is None:
-        return lambda f: observe_llm(f, provider=provider, tracer_provider=tracer_provider)
+        return lambda f: observe_llm(f, **options)
     signature = inspect.signature(func)
     params = signature.parameters
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "model" not in params and not takes_kwargs:
+    if request_model_arg not in params and not takes_kwargs:
         raise TypeError(
-            f"@observe_llm: {func.__qualname__}() has no 'model' parameter; the LLM span names "
-            "the model from model=... (and records messages=...)"
+            f"@observe_llm: {func.__qualname__}() has no {request_model_arg!r} parameter; the "
+            f"LLM span names the model from {request_model_arg}=... (see request_model_arg=)"
         )
 
     def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +403,10 @@ def observe_llm(
                 {},
             )
         )
+        # the span reads model= and messages= (or prompt=): map the configured names to them
+        values["model"] = values.get(request_model_arg)
+        messages = values.get(messages_arg)
+        values["messages"] = messages if messages is not None else values.get(prompt_arg)
         return values
 
-    return _wrap(func, provider, tracer_provider, (), arguments)
+    return _wrap(func, provider, tracer_provider, (), arguments, result_mapper, handler)

@@ -45,14 +45,16 @@ def processor_span(
     *,
     context: Any = None,
     attributes: dict[str, Any] | None = None,
+    tracer: Any = None,
 ) -> Iterator[Span]:
     # The function type and the processor are in the span's name (and, under the runtime,
     # in the resource): every attribute costs on the hot path and again when exported.
+    # ``tracer``: the runtime passes its own, which makes a leaner span (runtime.tracing).
     attrs = dict(attributes) if attributes else {}
     if capture_enabled():
         attrs["agentic_rl.input"] = capture(input_data)
     parent = context if context is not None else otel_context.get_current()
-    span = _tracer(provider).start_span(
+    span = (tracer or _tracer(provider)).start_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
     # The span, over the given context (the caller's span, the request's baggage), becomes

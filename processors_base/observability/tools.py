@@ -4,13 +4,19 @@
 LangChain's BaseTool), a list or tuple of them, a dict of name to tool, a LangGraph
 ToolNode (its ``tools_by_name``), and MCP tools as langchain-mcp-adapters returns them
 (provider recorded as "mcp"). It patches each tool's ``invoke``/``ainvoke`` in place and
-returns what it was given; tracing twice traces once.
+returns what it was given; tracing twice traces once. Anything else is passed through
+untouched with one warning per type, as the SDK does: tracing never breaks a rollout.
+
+``provider=`` labels the spans (``gen_ai.provider.name``; MCP tools default to "mcp");
+``handler=`` (``@observe_tool``) records through a GenAI telemetry handler of your own
+instead of the runtime's. ``tracer_provider=`` picks the OpenTelemetry provider.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,35 +28,41 @@ __all__ = ["observe_tool", "trace_tool"]
 
 T = TypeVar("T")
 _MARK = "__rl_traced__"
+_log = logging.getLogger(__name__)
+_warned_types: set[type] = set()
 
 
-def trace_tool(tools: T, *, tracer_provider: Any = None) -> T:
+def trace_tool(tools: T, *, provider: str | None = None, tracer_provider: Any = None) -> T:
     """Trace every call of these tools from now on; returns what it was given."""
     if isinstance(tools, Mapping):
         for tool in tools.values():
-            trace_tool(tool, tracer_provider=tracer_provider)
+            trace_tool(tool, provider=provider, tracer_provider=tracer_provider)
         return tools
     if isinstance(tools, (list, tuple)):
         for tool in tools:
-            trace_tool(tool, tracer_provider=tracer_provider)
+            trace_tool(tool, provider=provider, tracer_provider=tracer_provider)
         return tools
     by_name = getattr(tools, "tools_by_name", None)  # a LangGraph ToolNode
     if isinstance(by_name, Mapping):
-        trace_tool(by_name, tracer_provider=tracer_provider)
+        trace_tool(by_name, provider=provider, tracer_provider=tracer_provider)
         return tools
     if not (
         isinstance(getattr(tools, "name", None), str)
         and (callable(getattr(tools, "invoke", None)) or callable(getattr(tools, "ainvoke", None)))
     ):
-        raise TypeError(
-            f"trace_tool: {type(tools).__name__} is not a tool: pass a tool with a name and "
-            "invoke/ainvoke, a list, tuple or dict of them, or a LangGraph ToolNode "
-            "(for a plain function, use @observe_tool)"
-        )
+        if type(tools) not in _warned_types:  # once per type: setup() may run per worker
+            _warned_types.add(type(tools))
+            _log.warning(
+                "trace_tool: %s is not a tool (a name and invoke/ainvoke); passed through "
+                "untraced. For a plain function, use @observe_tool.",
+                type(tools).__name__,
+            )
+        return tools
+    label = provider or ("mcp" if _is_mcp(tools) else None)
     for method in ("invoke", "ainvoke"):
         original = getattr(tools, method, None)
         if callable(original) and getattr(original, _MARK, None) is None:
-            traced = _wrap_method(tools, original, tracer_provider)
+            traced = _wrap_method(tools, original, tracer_provider, label)
             setattr(traced, _MARK, original)
             object.__setattr__(tools, method, traced)  # BaseTool is a pydantic model
     return tools
@@ -63,10 +75,17 @@ def _is_mcp(tool: Any) -> bool:
 
 @contextmanager
 def _tool_span(
-    provider: Any, name: str, call_id: Any, arguments: Any, description: Any, mcp: bool = False
+    provider: Any,
+    name: str,
+    call_id: Any,
+    arguments: Any,
+    description: Any,
+    label: str | None = None,
+    telemetry: Any = None,
 ) -> Iterator[Callable[[Any], Any]]:
     """A tool span around one call; yields ``done(result)``, which records the result,
-    ends the span and returns the result."""
+    ends the span and returns the result. ``label`` is the span's provider name;
+    ``telemetry`` a user's own GenAI handler, else the runtime's for ``provider``."""
     from opentelemetry.util.genai.extended_types import ExecuteToolInvocation
     from opentelemetry.util.genai.types import Error
 
@@ -75,14 +94,14 @@ def _tool_span(
         tool_call_id=str(call_id) if call_id else None,
         tool_description=description if isinstance(description, str) and description else None,
         tool_type="function",
-        provider="mcp" if mcp else None,
+        provider=label,
     )
-    if mcp:
-        invocation.attributes["gen_ai.provider.name"] = "mcp"
+    if label:
+        invocation.attributes["gen_ai.provider.name"] = label
     capturing = capture_enabled()
     if capturing:
         invocation.attributes["gen_ai.tool.call.arguments"] = capture(arguments)
-    telemetry = handler(provider)
+    telemetry = telemetry if telemetry is not None else handler(provider)
     telemetry.start_execute_tool(invocation)
 
     def done(result: Any) -> Any:
@@ -109,9 +128,8 @@ def _call_of(tool_input: Any) -> tuple[Any, Any]:
 
 
 def _wrap_method(
-    tool: Any, original: Callable[..., Any], tracer_provider: Any
+    tool: Any, original: Callable[..., Any], tracer_provider: Any, label: str | None
 ) -> Callable[..., Any]:
-    mcp = _is_mcp(tool)
     description = getattr(tool, "description", None)
 
     if inspect.iscoroutinefunction(original):
@@ -122,7 +140,7 @@ def _wrap_method(
             if provider is None:
                 return await original(tool_input, *args, **kwargs)
             call_id, arguments = _call_of(tool_input)
-            with _tool_span(provider, tool.name, call_id, arguments, description, mcp) as done:
+            with _tool_span(provider, tool.name, call_id, arguments, description, label) as done:
                 return done(await original(tool_input, *args, **kwargs))
 
         return traced_async
@@ -133,7 +151,7 @@ def _wrap_method(
         if provider is None:
             return original(tool_input, *args, **kwargs)
         call_id, arguments = _call_of(tool_input)
-        with _tool_span(provider, tool.name, call_id, arguments, description, mcp) as done:
+        with _tool_span(provider, tool.name, call_id, arguments, description, label) as done:
             return done(original(tool_input, *args, **kwargs))
 
     return traced
@@ -144,11 +162,16 @@ def observe_tool(
     /,
     *,
     name: str | None = None,
+    provider: str | None = None,
+    handler: Any = None,
     tracer_provider: Any = None,
 ) -> Any:
-    """A tool span around a plain function, sync or async, named after it (or ``name``)."""
+    """A tool span around a plain function, sync or async, named after it (or ``name``);
+    ``provider`` labels the span, ``handler`` records it through your own GenAI handler."""
     if func is None:
-        return lambda f: observe_tool(f, name=name, tracer_provider=tracer_provider)
+        return lambda f: observe_tool(
+            f, name=name, provider=provider, handler=handler, tracer_provider=tracer_provider
+        )
     tool_name = name or func.__name__
     signature = inspect.signature(func)
 
@@ -162,11 +185,11 @@ def observe_tool(
 
         @functools.wraps(func)
         async def observed_async(*args: Any, **kwargs: Any) -> Any:
-            provider = active_provider(tracer_provider)
-            if provider is None:
+            active = active_provider(tracer_provider)
+            if active is None:
                 return await func(*args, **kwargs)
             with _tool_span(
-                provider, tool_name, None, arguments(args, kwargs), func.__doc__
+                active, tool_name, None, arguments(args, kwargs), func.__doc__, provider, handler
             ) as done:
                 return done(await func(*args, **kwargs))
 
@@ -174,10 +197,12 @@ def observe_tool(
 
     @functools.wraps(func)
     def observed(*args: Any, **kwargs: Any) -> Any:
-        provider = active_provider(tracer_provider)
-        if provider is None:
+        active = active_provider(tracer_provider)
+        if active is None:
             return func(*args, **kwargs)
-        with _tool_span(provider, tool_name, None, arguments(args, kwargs), func.__doc__) as done:
+        with _tool_span(
+            active, tool_name, None, arguments(args, kwargs), func.__doc__, provider, handler
+        ) as done:
             return done(func(*args, **kwargs))
 
     return observed
