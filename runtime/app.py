@@ -29,7 +29,7 @@ from runtime import errors
 from runtime.admission import Admission
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
-from runtime.logs import RequestLog
+from runtime.logs import RequestLog, bind_secrets
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
 from runtime.tracing import Tracing
 
@@ -78,6 +78,7 @@ class FunctionApp:
                 Route("/health", self._health, methods=["GET"]),
                 Route("/metrics", self._metrics, methods=["GET"]),
                 Route("/api/v1", self._method_not_allowed, methods=["POST"]),
+                *_trainer_routes(self),
             ],
             exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         )
@@ -177,9 +178,11 @@ class FunctionApp:
         input_data = None
         interrupt = _Interrupt(self._timeout)
         status, code, message = 200, "", ""
+        error: BaseException | None = None  # user code's exception: its traceback is logged
         try:
             try:
                 input_data = function.parse(await self._read_body(scope, receive))
+                bind_secrets(input_data)  # blanked from this request's logs, bodies and spans
                 interrupt.watch(receive)  # only now may another task wait on receive()
                 await admission.acquire_slot()
                 try:
@@ -208,6 +211,7 @@ class FunctionApp:
             await _send(send, exc.status, exc.body, _CLOSE if exc.status == 413 else None)
         except ProcessorFailure as exc:
             status, code, message = 500, exc.code, str(exc)
+            error = exc.__cause__ if code == errors.PROCESSOR_ERROR else None
             await _send(send, 500, function.failure(code, message))
         except _ClientGone:
             status, code = 499, errors.CLIENT_DISCONNECTED
@@ -219,7 +223,7 @@ class FunctionApp:
         finally:
             admission.leave()
             interrupt.close()
-            self._finish(scope, started, status, code, message, input_data)
+            self._finish(scope, started, status, code, message, input_data, error)
         if self.tracing is not None and self.tracing.flush_each_request:
             # after the response: a short-lived instance loses no span, the client waits for none
             await anyio.to_thread.run_sync(self.tracing.flush)
@@ -239,11 +243,12 @@ class FunctionApp:
         code: str,
         message: str,
         input_data: Any,
+        error: BaseException | None = None,
     ) -> None:
         elapsed = perf_counter() - started
         self.metrics.observe(status, elapsed)
         if status != 200:
-            self._request_log.failure(scope, status, elapsed, code, message, input_data)
+            self._request_log.failure(scope, status, elapsed, code, message, input_data, error)
         elif self._request_log.wants(elapsed):
             self._request_log.success(scope, elapsed, input_data)
 
@@ -275,6 +280,38 @@ class FunctionApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    # --- the trainer protocols (runtime.trainers) -----------------------------------
+
+    def admit(self, count: int = 1) -> tuple[str, str] | None:
+        """Admit ``count`` requests, all or none: None, or the (code, message) of the 503."""
+        if self.state != READY:
+            if self.state == STARTING:
+                return errors.NOT_READY, "the function is starting: setup() has not finished"
+            return errors.DRAINING, "the function is shutting down"
+        for admitted in range(count):
+            if not self.admission.try_admit():
+                for _ in range(admitted):
+                    self.admission.leave()
+                return errors.OVERLOADED, "all processing slots and the queue are taken"
+        return None
+
+    async def run_admitted(self, scope: dict[str, Any], input_data: Any) -> Any:
+        """Run one admitted input in a slot, traced like /api/v1; what process() returned.
+
+        The caller bounds it with its deadline; cancelling it frees the slot (and, with
+        --isolation process, kills the child running it).
+        """
+        await self.admission.acquire_slot()
+        try:
+            if self.tracing is None:
+                return await self.function.call(input_data)
+            with self.tracing.request(scope, input_data) as span:
+                result = await self.function.call(input_data)
+                record_output(span, result)
+                return result
+        finally:
+            self.admission.release_slot()
 
     # --- everything else -------------------------------------------------------------
 
@@ -349,6 +386,12 @@ async def _send(
         headers.append(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _trainer_routes(app: FunctionApp) -> list[Route]:
+    from runtime.trainers import TrainerRoutes  # imports this module
+
+    return TrainerRoutes(app).routes
 
 
 def _too_large(limit: int) -> RequestError:

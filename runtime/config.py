@@ -41,6 +41,11 @@ class Settings:
     tracing: bool = False
     isolation: str = "thread"
     processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # the trainer protocols (runtime.trainers)
+    trainer_errors: str = "reward"
+    trainer_timeout: float = 100.0
+    trainer_prefix: str = ""
+    ground_truth_field: str = "expected_answer"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,6 +112,20 @@ def _isolation(text: str) -> str:
     return lowered
 
 
+def _trainer_errors(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("reward", "error"):
+        raise ValueError("must be reward or error")
+    return lowered
+
+
+def _prefix(text: str) -> str:
+    prefix = text.strip().rstrip("/")
+    if prefix and not prefix.startswith("/"):
+        raise ValueError("must start with /")
+    return prefix
+
+
 def _level(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in _LEVELS:
@@ -161,6 +180,16 @@ OPTIONS: tuple[Option, ...] = (
            "OTEL_SDK_DISABLED=true wins)", "{true,false}", bare=True),
     Option("--slow-request", "slow_request", ("SLOW_REQUEST_SECONDS",), _seconds,
            "requests slower than this are logged", "SECONDS"),
+    Option("--trainer-errors", "trainer_errors", ("TRAINER_ERRORS",), _trainer_errors,
+           "on the trainer protocols, a failed or late reward answers reward 0.0 and a mark "
+           "(reward) or an HTTP error (error)", "{reward,error}"),
+    Option("--trainer-timeout", "trainer_timeout", ("TRAINER_TIMEOUT",), _seconds,
+           "deadline of a trainer-protocol request (and --timeout if shorter); below the "
+           "trainers' own (slime 120s, OpenRLHF 180s)", "SECONDS"),
+    Option("--trainer-prefix", "trainer_prefix", ("TRAINER_PREFIX",), _prefix,
+           "path prefix of the trainer protocols, e.g. /trainers", "PATH"),
+    Option("--ground-truth-field", "ground_truth_field", ("GROUND_TRUTH_FIELD",), str,
+           "NeMo Gym /verify: the row field passed as ground_truth", "NAME"),
 )
 # fmt: on
 

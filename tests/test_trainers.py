@@ -1,0 +1,329 @@
+"""The trainer protocols, driven by stand-ins that send exactly what each trainer sends.
+
+Wire shapes, as read from the trainers' sources:
+- OpenRLHF's SingleTurnAgentExecutor (``openrlhf/utils/agent.py``): aiohttp POST of
+  ``{"query": [...], "prompts": [...], "labels": [...]}``, 180 s total, 5 tries 1 s apart;
+  it reads ``rewards``, ``scores`` and ``extra_logs`` from the answer.
+- slime's ``remote_rm`` (``slime/rollout/rm_hub/__init__.py``): POST of
+  ``{"prompt": sample.prompt, "response": sample.response, "label": sample.label}``, 120 s
+  total; the JSON answer is the sample's reward; ``get_reward_value`` indexes it with
+  ``--reward-key`` when set.
+- NeMo Gym's ``SimpleResourcesServer`` (``nemo_gym/base_resources_server.py``):
+  ``/seed_session`` and ``/verify``; verify takes ``responses_create_params`` and
+  ``response`` (a Responses API object) plus the row's columns, and answers them back with
+  ``reward`` (and ``reward_components`` for several objectives).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Server
+
+TARGET = "workspace.trainer_fns:MatchReward"
+PROMPT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _started(*args: str, target: str = TARGET) -> Iterator[Server]:
+    server = Server(target, *args)
+    try:
+        server.wait_ready(timeout=60)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from _started("--trainer-timeout", "3")
+
+
+@pytest.fixture(scope="module")
+def strict() -> Iterator[Server]:
+    yield from _started("--trainer-timeout", "3", "--trainer-errors", "error")
+
+
+# --- the stand-ins ---------------------------------------------------------------------
+
+
+def openrlhf(server: Server, queries: list[str], prompts: list[str], labels: list[Any]):
+    """As OpenRLHF's reward executor posts (0.9.1+: one sample, lists of one)."""
+    payload = {"query": queries, "prompts": prompts, "labels": labels}
+    return server.client.post("/openrlhf/get_reward", json=payload, timeout=180)
+
+
+def slime(server: Server, prompt: Any, response: str, label: Any, reward_key: str = ""):
+    payload = {"prompt": prompt, "response": response, "label": label}
+    url = "/slime/reward" + (f"?reward_key={reward_key}" if reward_key else "")
+    return server.client.post(url, json=payload, timeout=120)
+
+
+def gym_row(answer: str, expected: str = "42") -> dict[str, Any]:
+    """A NeMo Gym dataset row plus the policy's Responses API object, as /verify gets it."""
+    tool = {"type": "function", "name": "calculator", "parameters": {"type": "object"}}
+    return {
+        "responses_create_params": {
+            "input": [
+                {"role": "system", "content": "You are a careful calculator."},
+                {"role": "user", "content": "What is 6*7?"},
+            ],
+            "tools": [tool],
+        },
+        "response": {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1764460800,
+            "model": "policy",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [tool],
+            "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {
+                    "type": "function_call",
+                    "id": "fc_1",
+                    "call_id": "call_1",
+                    "name": "calculator",
+                    "arguments": '{"expr": "6*7"}',
+                    "status": "completed",
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": answer, "annotations": []}],
+                },
+            ],
+        },
+        "expected_answer": expected,
+        "task_id": 7,
+    }
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    line_start = f"{name}{{{wanted}}} " if labels else f"{name} "
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.split()[-1])
+    return 0.0
+
+
+# --- OpenRLHF --------------------------------------------------------------------------
+
+
+def test_openrlhf_single_sample(server: Server) -> None:
+    answer = openrlhf(server, [PROMPT + "42"], [PROMPT], ["42"])
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "rewards": [1.0],
+        "scores": [1.0],
+        "extra_logs": {
+            "messages": [2.0],  # the prompt as the user's turn, the response as the assistant's
+            "user_turns": [1.0],
+            "tool_turns": [0.0],
+            "answer_chars": [2.0],  # the query minus its prompt
+            "has_tools": [0.0],
+            "reward_failed": [0.0],
+        },
+    }
+
+
+def test_openrlhf_batch_runs_samples_concurrently(server: Server) -> None:
+    # PAIR only returns once a second PAIR runs at the same time: one after the other,
+    # both would pass the deadline and be marked failed.
+    queries = [PROMPT + a for a in ("42", "PAIR", "41", "PAIR", "RAISE")]
+    labels = ["42", "PAIR", "42", "PAIR", "42"]
+    started = time.monotonic()
+    answer = openrlhf(server, queries, [PROMPT] * 5, labels)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["rewards"] == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert body["extra_logs"]["reward_failed"] == [0.0, 0.0, 0.0, 0.0, 1.0]
+    # the failed sample still carries every metric name, so the trainer can stack them
+    assert body["extra_logs"]["messages"] == [2.0, 2.0, 2.0, 2.0, 0.0]
+    assert time.monotonic() - started < 3  # within one deadline, not two
+
+
+def test_openrlhf_query_without_prompts(server: Server) -> None:
+    # OpenRLHF's older remote_rm_fn posted the templated queries alone
+    answer = server.client.post("/openrlhf/get_reward", json={"query": ["42"]})
+    assert answer.status_code == 200
+    assert answer.json()["extra_logs"]["messages"] == [1.0]
+
+
+def test_openrlhf_raise_and_hang_give_zero_and_a_mark(server: Server) -> None:
+    before = metric(
+        server,
+        "rl_function_trainer_reward_failures_total",
+        protocol="openrlhf",
+        error_code="DEADLINE_EXCEEDED",
+    )
+    started = time.monotonic()
+    answer = openrlhf(server, [PROMPT + "HANG"], [PROMPT], ["42"])
+    elapsed = time.monotonic() - started
+    assert answer.status_code == 200
+    assert answer.json()["rewards"] == [0.0]
+    assert answer.json()["extra_logs"]["reward_failed"] == [1.0]
+    assert 2.5 < elapsed < 60  # --trainer-timeout 3, far inside OpenRLHF's 180 s
+    after = metric(
+        server,
+        "rl_function_trainer_reward_failures_total",
+        protocol="openrlhf",
+        error_code="DEADLINE_EXCEEDED",
+    )
+    assert after == before + 1
+    raised = openrlhf(server, [PROMPT + "RAISE"], [PROMPT], ["42"])
+    assert raised.json()["rewards"] == [0.0]
+    assert raised.json()["extra_logs"]["reward_failed"] == [1.0]
+    log = server.output()
+    assert "reward failed, answered 0 and marked it: PROCESSOR_ERROR" in log
+    assert "the judge broke" in log
+
+
+def test_openrlhf_bad_request_is_an_error_not_a_zero(server: Server) -> None:
+    answer = server.client.post(
+        "/openrlhf/get_reward", json={"query": ["a", "b"], "prompts": ["a"], "labels": [1, 2]}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["error_code"] == "INVALID_INPUT"
+    assert server.client.post("/openrlhf/get_reward", content=b"{").status_code == 400
+
+
+# --- slime -----------------------------------------------------------------------------
+
+
+def test_slime_without_reward_key_answers_a_number(server: Server) -> None:
+    answer = slime(server, "What is 6*7?", "42", "42")
+    assert answer.status_code == 200
+    assert answer.json() == 1.0
+    assert slime(server, "What is 6*7?", "41", "42").json() == 0.0
+    assert slime(server, "What is 6*7?", "RAISE", "42").json() == 0.0
+
+
+def test_slime_with_reward_key_answers_a_dict(server: Server) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 6*7?"},
+    ]
+    answer = slime(server, messages, "42", "42", reward_key="reward")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["reward"] == 1.0  # what slime's get_reward_value picks with --reward-key reward
+    assert body["failed"] is False
+    assert body["messages"] == 3.0  # the prompt's messages and the response
+    failed = slime(server, messages, "RAISE", "42", reward_key="reward").json()
+    assert failed["reward"] == 0.0
+    assert failed["failed"] is True
+    assert failed["messages"] == 0.0  # same keys as a success
+    assert slime(server, None, "x", None).status_code == 200  # a null label is allowed
+    assert (
+        server.client.post("/slime/reward", json={"prompt": "p", "response": 3}).status_code == 422
+    )
+
+
+# --- NeMo Gym --------------------------------------------------------------------------
+
+
+def test_gym_seed_session_and_verify(server: Server) -> None:
+    seeded = server.client.post("/nemo-gym/seed_session", json={})
+    assert seeded.status_code == 200
+    assert seeded.json() == {}
+    row = gym_row("42")
+    answer = server.client.post("/nemo-gym/verify", json=row)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["reward"] == 1.0
+    assert {k: body[k] for k in row} == row  # the row comes back as it was sent
+    assert body["reward_components"] == {
+        "messages": 5.0,  # system, user, the tool call, its output, the answer
+        "user_turns": 1.0,
+        "tool_turns": 1.0,
+        "answer_chars": 2.0,
+        "has_tools": 1.0,
+        "reward_failed": 0.0,
+    }
+    assert "failure_reason" not in body
+    assert server.client.post("/nemo-gym/verify", json=gym_row("41")).json()["reward"] == 0.0
+
+
+def test_gym_failure_is_zero_with_a_reason(server: Server) -> None:
+    body = server.client.post("/nemo-gym/verify", json=gym_row("RAISE")).json()
+    assert body["reward"] == 0.0
+    assert body["reward_components"]["reward_failed"] == 1.0
+    assert body["failure_reason"].startswith("PROCESSOR_ERROR: ValueError: the judge broke")
+    late = server.client.post("/nemo-gym/verify", json=gym_row("HANG"), timeout=60).json()
+    assert late["reward"] == 0.0
+    assert late["failure_reason"].startswith("DEADLINE_EXCEEDED")
+
+
+# --- --trainer-errors error, overload, prefix, isolation ---------------------------------
+
+
+def test_trainer_errors_error_restores_http_errors(strict: Server) -> None:
+    raised = openrlhf(strict, [PROMPT + "RAISE"], [PROMPT], ["42"])
+    assert raised.status_code == 500
+    assert raised.json()["error_code"] == "PROCESSOR_ERROR"
+    late = slime(strict, "q", "HANG", "42")
+    assert late.status_code == 504
+    assert late.json()["error_code"] == "DEADLINE_EXCEEDED"
+    assert openrlhf(strict, [PROMPT + "42"], [PROMPT], ["42"]).json()["rewards"] == [1.0]
+    assert (
+        metric(
+            strict,
+            "rl_function_trainer_requests_total",
+            protocol="openrlhf",
+            status="500",
+        )
+        == 1.0
+    )
+
+
+def test_full_queue_answers_503_with_retry_after() -> None:
+    for server in _started("--concurrency", "1", "--queue", "1"):
+        # each sample of a batch takes its own place: three do not fit in two
+        answer = openrlhf(server, [PROMPT + "42"] * 3, [PROMPT] * 3, ["42"] * 3)
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert answer.json()["error_code"] == "OVERLOADED"
+        fits = openrlhf(server, [PROMPT + "42"] * 2, [PROMPT] * 2, ["42"] * 2)
+        assert fits.json()["rewards"] == [1.0, 1.0]
+        assert metric(server, "rl_function_rejected_total") == 1.0
+
+
+def test_prefix_and_process_isolation_kill_a_hung_sync_reward() -> None:
+    target = "workspace.trainer_fns:SyncHangReward"
+    args = ("--trainer-prefix", "/trainers", "--isolation", "process", "--processes", "1")
+    for server in _started(*args, "--trainer-timeout", "3", target=target):
+        assert server.client.post("/slime/reward", json={}).status_code == 404
+        payload = {"prompt": "q", "response": "HANG", "label": None}
+        late = server.client.post("/trainers/slime/reward?reward_key=r", json=payload, timeout=60)
+        assert late.json() == {"r": 0.0, "failed": True}
+        assert "isolation process was killed and replaced" in server.output()
+        payload["response"] = "fine"
+        ok = server.client.post("/trainers/slime/reward", json=payload, timeout=60)
+        assert ok.json() == 1.0
+
+
+def test_not_a_reward_function() -> None:
+    for server in _started(target="workspace.fns:EchoGroupReward"):
+        answer = server.client.post("/nemo-gym/verify", json=gym_row("42"))
+        assert answer.status_code == 404
+        assert "reward processors" in answer.json()["error"]
+
+
+def test_trainer_settings_are_validated() -> None:
+    server = Server(TARGET, "--trainer-errors", "maybe")
+    try:
+        assert server.proc.wait(30) == 2
+        assert "--trainer-errors" in server.output()
+    finally:
+        server.close()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(server.url + "/health", timeout=1)
