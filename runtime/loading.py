@@ -59,8 +59,8 @@ def load_target(
     sdk_compat.install()  # code written for the DashScope SDK imports its paths
     module = _import(module_part, root)
     cls = getattr(module, class_name, None)
-    if cls is None:
-        raise TargetError(f"module {module.__name__!r} has no attribute {class_name!r}")
+    if cls is None or isinstance(cls, ModuleType):
+        raise TargetError(_not_a_class(spec, module, class_name, root))
     func_type, input_model, output_model = _kind_of(cls, spec)
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(cls.__abstractmethods__))
@@ -71,6 +71,44 @@ def load_target(
             f"but {class_name} is a {func_type.value!r} processor"
         )
     return Target(spec, cls, func_type, input_model, output_model, root)
+
+
+def _not_a_class(spec: str, module: ModuleType, name: str, root: Path) -> str:
+    """Why ``module.name`` is no class to serve, with the processor classes to pick from."""
+    full = f"{module.__name__}.{name}"
+    try:
+        is_module = importlib.util.find_spec(full) is not None
+    except (ImportError, ValueError):
+        is_module = False
+    if not is_module:
+        return (
+            f"module {module.__name__!r} has no attribute {name!r}; "
+            f"{_classes_in(module, f'{module.__name__}:')}"
+        )
+    inner = _import(full, root)  # a module that fails to import says why
+    return (
+        f"target {spec!r} names a module, not a class: add :ClassName; "
+        f"{_classes_in(inner, f'{full}:')}"
+    )
+
+
+def _classes_in(module: ModuleType, prefix: str) -> str:
+    found = sorted(
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, type) and not inspect.isabstract(value) and _is_processor(value)
+    )
+    if not found:
+        return "it defines no processor class"
+    return "processor classes in it: " + ", ".join(prefix + name for name in found)
+
+
+def _is_processor(cls: type[Any]) -> bool:
+    try:
+        _kind_of(cls, cls.__name__)
+    except TargetError:
+        return False
+    return True
 
 
 def _import(module_part: str, root: Path) -> ModuleType:

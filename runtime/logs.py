@@ -1,28 +1,61 @@
-"""Logging: set up once per process, written off the event loop.
+"""Logging: set up once per process, written off the event loop, scrubbed of secrets.
 
 Records go through a QueueHandler to a listener thread, so a burst of failure lines
 never blocks request handling on terminal or pipe I/O. A successful fast request
 writes nothing unless ``--access-log`` asks for it.
+
+Every record, from any logger (ours, uvicorn's, httpx's, the user's), is formatted and
+scrubbed in the thread that logs it, before it is queued: the current request's secrets
+(bound by the app with :func:`bind_secrets`) in all their encodings, and credentials
+recognisable by their shape (``Authorization``, ``Bearer``, URL userinfo). Control
+characters are escaped, so no text from a request can forge a line or colour a terminal.
+``--log-format json`` writes one JSON object per line, the request's ids as fields.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import logging
 import logging.handlers
 import queue
+import re
 import sys
+import threading
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from processors_base.models import BaseDataModel
+import anyio
+import orjson
 
-__all__ = ["RequestLog", "setup_logging"]
+import processors_base
+import runtime
+from processors_base.models import BaseDataModel
+from processors_base.redaction import Secrets, redact, request_secrets
+
+__all__ = ["RequestLog", "bind_secrets", "setup_logging", "user_traceback"]
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _listener: logging.handlers.QueueListener | None = None
+_MAX_TRACEBACK = 16_000  # characters of one record's traceback; the middle is cut
+ID_LIMIT = 128  # characters of one id in a request line
+MASK = "**********"  # what a secret becomes in a log line, as in an error body
 
 
-def setup_logging(level: str) -> None:
+def bind_secrets(input_data: Any) -> None:
+    """Make ``input_data``'s api_key the current request's secret, blanked from every log
+    line, error body and span of the request. Called by the app once the request is parsed;
+    each request runs in its own task, whose context (and so this binding) ends with it."""
+    secrets = Secrets.of(input_data)
+    if secrets:
+        request_secrets.set(secrets)
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
     """Route every logger (ours, the user's, uvicorn's) through one queued stderr handler."""
     global _listener
     numeric = logging.getLevelName(level.upper())
@@ -30,17 +63,131 @@ def setup_logging(level: str) -> None:
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
     if _listener is None:
         stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(logging.Formatter(_FORMAT))
+        stream.setFormatter(_JsonFormatter() if log_format == "json" else _TextFormatter(_FORMAT))
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         _listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
         _listener.start()
         atexit.register(_listener.stop)
+        handler = _Queued(records)
+        handler.addFilter(_Redact())
         root = logging.getLogger()
-        root.handlers[:] = [logging.handlers.QueueHandler(records)]
+        root.handlers[:] = [handler]
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
             logging.getLogger(name).handlers[:] = []
             logging.getLogger(name).propagate = True
     logging.getLogger().setLevel(numeric)
+
+
+# --- scrubbing and formatting ---------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+def escape(text: str) -> str:
+    """``text`` on one line: control characters (newline, ESC, ...) as escapes."""
+    return _CONTROL_OR_NEWLINE.sub(_escape_one, text)
+
+
+class _Redact(logging.Filter):
+    """Formats a record where it is logged (the request's context is visible there), then
+    blanks secrets from its message, traceback and stack, and from its fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string still gets logged, never raises here
+            message = f"{record.msg!r} {record.args!r}"
+        record.msg, record.args = redact(message, marker=MASK), None
+        if record.exc_info:
+            if isinstance(record.exc_info, _UserError):
+                record.exc_text = user_traceback(record.exc_info[1]).rstrip("\n")
+            elif not record.exc_text:
+                record.exc_text = _PLAIN.formatException(record.exc_info)
+            record.exc_info = None
+        if record.exc_text:
+            record.exc_text = _cap(redact(record.exc_text, marker=MASK))
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, marker=MASK)
+        fields = getattr(record, "fields", None)
+        if fields:
+            record.fields = {
+                key: redact(value, marker=MASK) if isinstance(value, str) else value
+                for key, value in fields.items()
+            }
+        return True
+
+
+_PLAIN = logging.Formatter()
+
+
+def _cap(text: str) -> str:
+    if len(text) <= _MAX_TRACEBACK:
+        return text
+    half = _MAX_TRACEBACK // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
+class _Queued(logging.handlers.QueueHandler):
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record  # already formatted and scrubbed by _Redact; its traceback kept apart
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = _CONTROL.sub(_escape_one, super().format(record))
+        # continuation lines (a traceback) are indented: only a record starts a line
+        return text.replace("\n", "\n    ") if "\n" in text else text
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "pid": record.process,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            entry.update(fields)
+        if record.exc_text:
+            entry["traceback"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = record.stack_info
+        return orjson.dumps(entry, default=str).decode()
+
+
+# --- tracebacks of user code ----------------------------------------------------------
+
+
+def _machinery() -> tuple[str, ...]:
+    paths = [Path(m.__file__).parent for m in (runtime, processors_base, anyio, asyncio)]
+    paths.append(Path(concurrent.futures.__file__).parent)
+    return (*(f"{p}/" for p in paths), threading.__file__)
+
+
+_MACHINERY = _machinery()
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of an exception raised by user code, without the runtime's frames
+    that lead to it (the runtime, anyio, asyncio, thread pools); all of it if that leaves
+    nothing."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_MACHINERY):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+# --- the request log ------------------------------------------------------------------
 
 
 class RequestLog:
@@ -63,10 +210,13 @@ class RequestLog:
         code: str,
         message: str,
         input_data: BaseDataModel | None,
+        error: BaseException | None = None,
     ) -> None:
+        """``error``: the user code's exception, whose traceback goes on the line."""
         level = logging.ERROR if status >= 500 and status != 503 else logging.WARNING
         if len(message) > 500:
             message = message[:500] + "..."
+        ids = _ids(scope, input_data)
         self._log.log(
             level,
             "POST /api/v1 %s %d %.1fms %s%s: %s",
@@ -74,33 +224,66 @@ class RequestLog:
             status,
             elapsed * 1000,
             code,
-            _ids(scope, input_data),
-            message,
+            _text(ids),
+            escape(message),
+            extra={
+                "fields": {
+                    "func_type": self._func_type,
+                    "status": status,
+                    "elapsed_ms": round(elapsed * 1000, 1),
+                    "error_code": code,
+                    **ids,
+                }
+            },
+            exc_info=None if error is None else _UserError(error),
         )
 
     def success(
         self, scope: dict[str, Any], elapsed: float, input_data: BaseDataModel | None
     ) -> None:
         slow = elapsed >= self._slow
+        ids = _ids(scope, input_data)
         self._log.log(
             logging.WARNING if slow else logging.INFO,
             "POST /api/v1 %s 200 %.1fms%s%s",
             self._func_type,
             elapsed * 1000,
             " SLOW" if slow else "",
-            _ids(scope, input_data),
+            _text(ids),
+            extra={
+                "fields": {
+                    "func_type": self._func_type,
+                    "status": 200,
+                    "elapsed_ms": round(elapsed * 1000, 1),
+                    **ids,
+                }
+            },
         )
 
 
-def _ids(scope: dict[str, Any], input_data: BaseDataModel | None) -> str:
-    parts = []
+class _UserError(tuple):  # type: ignore[type-arg]
+    """An exc_info whose traceback is shown as user code's (see user_traceback)."""
+
+    def __new__(cls, error: BaseException) -> _UserError:
+        return super().__new__(cls, (type(error), error, error.__traceback__))
+
+
+_HEADER_IDS = {b"x-request-id": "request_id", b"x-fc-request-id": "fc_request_id"}
+_METADATA_IDS = ("job_id", "sample_id", "rollout_id", "attempt_id")
+
+
+def _ids(scope: dict[str, Any], input_data: BaseDataModel | None) -> dict[str, str]:
+    """The request's ids, each cut to ID_LIMIT characters and escaped onto one line."""
+    ids: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
-        if name in (b"x-request-id", b"x-fc-request-id"):
-            parts.append(f"{name.decode()}={value.decode('latin-1')[:128]}")
+        if name in _HEADER_IDS:
+            ids[_HEADER_IDS[name]] = escape(value.decode("latin-1")[:ID_LIMIT])
     metadata = getattr(input_data, "request_metadata", None)
     if metadata is not None:
-        parts.extend(
-            f"{key}={getattr(metadata, key)}"
-            for key in ("job_id", "sample_id", "rollout_id", "attempt_id")
-        )
-    return (" " + " ".join(parts)) if parts else ""
+        for key in _METADATA_IDS:
+            ids[key] = escape(str(getattr(metadata, key))[:ID_LIMIT])
+    return ids
+
+
+def _text(ids: dict[str, str]) -> str:
+    return "".join(f" {key}={value}" for key, value in ids.items())

@@ -1,0 +1,151 @@
+"""Blanking secrets out of text the runtime writes: error bodies, log lines, span attributes.
+
+Two kinds of secret are recognised:
+
+- the current request's own secrets (its ``model_resource.api_key``), in every form they
+  travel in: plain, URL-encoded (``quote``, ``quote_plus``, lower-case hex) and base64
+  (also inside a longer base64 text such as a Basic ``Authorization`` value);
+- credentials recognisable by their shape: ``Authorization`` values, ``Bearer`` tokens,
+  the userinfo of a URL and secret-named query parameters.
+
+The request's secrets live in a context variable that the runtime sets per request, so
+work in the request's task and in the threads it starts sees them. Their encoded forms are
+derived only when some text is actually scrubbed, once per request.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable
+from contextvars import ContextVar
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+__all__ = [
+    "REDACTED",
+    "Secrets",
+    "redact",
+    "request_secrets",
+    "scrub_credentials",
+    "secret_forms",
+]
+
+REDACTED = "***"
+
+_MIN_DERIVED = 8  # shorter encoded fragments would blank unrelated text
+
+
+class Secrets(tuple):  # type: ignore[type-arg]
+    """The request's secret values; their encoded forms are derived on first use."""
+
+    _forms: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, input_data: Any) -> Secrets:
+        """The secrets a request carries: its ``model_resource.api_key`` (a SecretStr on a
+        rollout; a plain string where another input carries a model_resource as an extra)."""
+        resource = getattr(input_data, "model_resource", None)
+        if resource is None:
+            return _NONE
+        key = (
+            resource.get("api_key")
+            if isinstance(resource, dict)
+            else getattr(resource, "api_key", None)
+        )
+        value = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+        return cls((value,)) if isinstance(value, str) and value else _NONE
+
+    def forms(self) -> tuple[str, ...]:
+        if self._forms is None:
+            self._forms = _derive(self)
+        return self._forms
+
+
+_NONE = Secrets()
+
+# The current request's secrets. A plain tuple is accepted too (its forms are then
+# derived at each use).
+request_secrets: ContextVar[tuple[str, ...]] = ContextVar("request_secrets", default=())
+
+
+def _derive(secrets: Iterable[str]) -> tuple[str, ...]:
+    forms: set[str] = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        forms.add(secret)
+        derived = {quote(secret, safe=""), quote(secret), quote_plus(secret)}
+        derived |= {_lower_hex(text) for text in derived}
+        raw = secret.encode()
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            derived.add(encode(raw).decode())
+            # Inside a longer base64 text the secret's encoding depends on its offset
+            # modulo 3; keep, for each offset, the characters that depend on it alone.
+            for shift in range(3):
+                text = encode(b"\0" * shift + raw).decode()
+                derived.add(text[(shift * 8 + 5) // 6 : (shift + len(raw)) * 8 // 6])
+        forms |= {form for form in derived if len(form) >= _MIN_DERIVED}
+    return tuple(sorted(forms, key=len, reverse=True))  # longest first: no partial leftovers
+
+
+def _lower_hex(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), text)
+
+
+def secret_forms(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """Every form of ``secrets`` that is blanked, longest first."""
+    return secrets.forms() if isinstance(secrets, Secrets) else _derive(secrets)
+
+
+_CREDENTIALS = re.compile(
+    # an Authorization value: "Authorization: Bearer x", "'authorization': 'Basic x'", ...
+    r"(?P<auth>(?i:proxy-)?(?i:authorization)[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z]+\s+)?[^\s\"',;}\]]+"
+    # a bearer token anywhere
+    r"|(?P<bearer>(?i:bearer)\s+)[A-Za-z0-9\-._~+/]{8,}=*"
+    # the userinfo of a URL: scheme://user:password@host
+    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@\"']+@"
+    # secret-named query parameters: ?key=..., &access_token=...
+    r"|(?P<param>[?&](?i:api[_-]?key|key|token|access[_-]?token|password|secret|sig|signature)=)"
+    r"[^&#\s\"']+"
+)
+
+
+def _may_hold_credentials(text: str) -> bool:
+    return (
+        "://" in text
+        or "uthorization" in text
+        or "UTHORIZATION" in text
+        or "earer" in text
+        or "EARER" in text
+        or ("=" in text and ("?" in text or "&" in text))
+    )
+
+
+def scrub_credentials(text: str, marker: str = REDACTED) -> str:
+    """Blank credentials recognisable by their shape (Authorization, Bearer, URL userinfo)."""
+
+    if not _may_hold_credentials(text):  # most lines: skip the regex (a few microseconds)
+        return text
+
+    def blank(match: re.Match[str]) -> str:
+        kind = match.lastgroup or ""
+        return match.group(kind) + marker + ("@" if kind == "url" else "")
+
+    return _CREDENTIALS.sub(blank, text)
+
+
+def redact(
+    text: str,
+    secrets: tuple[str, ...] | None = None,
+    marker: str = REDACTED,
+    credentials: bool = True,
+) -> str:
+    """``text`` with the request's secrets (all their forms) and, unless ``credentials`` is
+    false, credential-shaped values blanked. ``secrets`` defaults to the current request's."""
+    found = request_secrets.get() if secrets is None else secrets
+    if found:
+        for form in secret_forms(found):
+            if form in text:
+                text = text.replace(form, marker)
+    return scrub_credentials(text, marker) if credentials else text
