@@ -1,0 +1,158 @@
+"""Ready-made reward hooks of in-process trainers, each calling a served function.
+
+- verl: ``custom_reward_function`` pointing at ``verl_compute_score`` (async, for verl's
+  reward loop) or ``verl_compute_score_sync`` (older reward managers). The URL comes from
+  ``custom_reward_function.reward_kwargs.url`` or ``$AGENTIC_RL_REWARD_URL``.
+- TRL: ``reward_funcs=[trl_reward_func(url)]`` for GRPOTrainer (and the other trainers
+  taking ``reward_funcs``).
+- AReaL: ``reward_fn=areal_reward_fn`` (URL from ``$AGENTIC_RL_REWARD_URL``; AReaL runs
+  reward functions in a process pool, so this is a plain module-level function).
+
+Every hook scores a failed call 0.0 (TRL: ``failed_value``) and logs the reason; none of
+them raises, so a reward outage degrades the run instead of ending it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from processors_base.client import RewardResult, shared_client
+
+__all__ = ["areal_reward_fn", "trl_reward_func", "verl_compute_score", "verl_compute_score_sync"]
+
+log = logging.getLogger("processors_base.trainer_hooks")
+
+# Dataset columns taken as the ground truth, first found first.
+GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution", "expected_answer", "label")
+_CLIENT_OPTIONS = ("concurrency", "timeout", "max_retry_wait", "headers")
+
+
+# --- verl --------------------------------------------------------------------------------
+
+
+def _verl_call(
+    data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any, kwargs: dict
+) -> tuple[Any, list[dict[str, Any]], Any, dict[str, Any]]:
+    options = {k: kwargs[k] for k in _CLIENT_OPTIONS if k in kwargs}
+    client = shared_client(kwargs.get("url"), **options)
+    messages = [{"role": "assistant", "content": solution_str}]
+    extra = {"trainer": "verl", "data_source": data_source, "extra_info": _jsonable(extra_info)}
+    return client, messages, _jsonable(ground_truth), extra
+
+
+def _verl_result(result: RewardResult) -> dict[str, Any]:
+    # verl reads "score"; the other keys become reward_extra_info, the same on every sample
+    return {**result.metrics, "score": result.score, "reward_failed": float(result.failed)}
+
+
+async def verl_compute_score(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """verl's ``compute_score``, async (verl's reward loop awaits it)."""
+    client, messages, truth, extra = _verl_call(
+        data_source, solution_str, ground_truth, extra_info, kwargs
+    )
+    return _verl_result(await client.score_async(messages, truth, extra=extra))
+
+
+def verl_compute_score_sync(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """verl's ``compute_score``, sync (for reward managers that call it in a thread)."""
+    client, messages, truth, extra = _verl_call(
+        data_source, solution_str, ground_truth, extra_info, kwargs
+    )
+    return _verl_result(client.score_sync(messages, truth, extra=extra))
+
+
+# --- TRL ---------------------------------------------------------------------------------
+
+
+def trl_reward_func(
+    url: str | None = None,
+    *,
+    ground_truth_column: str | None = None,
+    failed_value: float | None = 0.0,
+    name: str = "remote_reward",
+    **client_options: Any,
+) -> Callable[..., list[float | None]]:
+    """A TRL reward function ``f(prompts, completions, **columns) -> list[float | None]``.
+
+    Prompts and completions may be text or conversations (lists of messages). The ground
+    truth is the dataset column ``ground_truth_column`` (default: the first of
+    ``ground_truth``, ``answer``, ``solution``, ``expected_answer``, ``label``); the other
+    columns reach the function in ``rollout_extra``. A failed call scores ``failed_value``
+    (None tells TRL to leave this reward out of the sample's sum).
+    """
+    client = shared_client(url, **client_options)
+
+    def reward(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list:
+        column = ground_truth_column or next(
+            (c for c in GROUND_TRUTH_COLUMNS if c in columns), None
+        )
+        skip = {"trainer_state", "completion_ids", "log_extra", "log_metric", column}
+        others = {k: v for k, v in columns.items() if k not in skip and isinstance(v, list)}
+        futures = []
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            messages = _messages(prompt, "user") + _messages(completion, "assistant")
+            truth = _jsonable(columns[column][i]) if column else None
+            extra = {"trainer": "trl", **{k: _jsonable(v[i]) for k, v in others.items()}}
+            futures.append(client.submit(messages, truth, extra=extra))  # all at once
+        results = [future.result() for future in futures]
+        return [failed_value if r.failed else r.score for r in results]
+
+    reward.__name__ = reward.__qualname__ = name  # TRL logs rewards under the function's name
+    return reward
+
+
+# --- AReaL -------------------------------------------------------------------------------
+
+
+def areal_reward_fn(
+    prompt: Any,
+    completions: Any,
+    prompt_ids: Any = None,
+    completion_ids: Any = None,
+    **kwargs: Any,
+) -> float:
+    """AReaL's ``reward_fn``: the served function's score of one completion (0.0 if failed)."""
+    column = next((c for c in GROUND_TRUTH_COLUMNS if c in kwargs), None)
+    messages = _messages(prompt, "user") + _messages(completions, "assistant")
+    truth = _jsonable(kwargs[column]) if column else None
+    others = {k: _jsonable(v) for k, v in kwargs.items() if k != column}
+    result = shared_client().score_sync(messages, truth, extra={"trainer": "areal", **others})
+    return result.score
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _messages(value: Any, role: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, dict):
+        return [dict(value)]
+    return [dict(m) if isinstance(m, dict) else {"role": role, "content": str(m)} for m in value]
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values: numpy scalars and arrays as numbers and lists, the rest as text."""
+    return json.loads(json.dumps(value, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)  # numpy and torch
+    return tolist() if callable(tolist) else str(value)
