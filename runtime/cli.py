@@ -1,4 +1,6 @@
-"""``python -m runtime``: serve a function over HTTP, or invoke it once without HTTP."""
+"""``python -m runtime``: serve a function over HTTP, or invoke it once without HTTP; build
+its image; and the platform's commands (register, test, upload data, run and manage jobs),
+whose options and output live in ``runtime.platform.cli``."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import anyio.to_thread
 import orjson
 
 from runtime.config import SettingsError, add_options, resolve
-from runtime.function import Function, ProcessorFailure, RequestError
+from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
+from runtime.function import Function, ProcessorFailure, RequestError, redact
 from runtime.loading import Target, TargetError, load_target
-from runtime.logs import setup_logging
-from runtime.ship import add_ship_arguments
+from runtime.logs import bind_secrets, setup_logging, user_traceback
+from runtime.platform import cli as platform_cli
 
 __all__ = ["main"]
 
@@ -30,7 +33,8 @@ _TARGET_HELP = (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m runtime",
-        description="Serve the Rollout, Reward and GroupReward functions of agentic RL.",
+        description="Serve the Rollout, Reward and GroupReward functions of agentic RL, and "
+        "train with them on the platform.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -52,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         help="run one request through a processor without HTTP and print the output JSON",
         description="Run one request through the same validation, setup() and process() as "
         "serve, print the output JSON, and exit non-zero if the request or the processor "
-        "fails (2: invalid input, 1: the processor failed or returned status failed).",
+        "fails. Exit codes: 1: the processor failed or returned status failed (its traceback "
+        "goes to stderr); 2: invalid input, target or setting; 3: setup() failed.",
         epilog="example: python -m runtime invoke functions.reward.reward:DemoRewardProcessor "
         "--input requests/reward.json",
     )
@@ -64,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="request JSON file, or - for standard input",
     )
-    add_options(invoke, ("func_type", "workspace", "threads", "log_level"))
+    add_options(invoke, ("func_type", "workspace", "threads", "log_level", "sub_reward_errors"))
 
     build = commands.add_parser(
         "build",
@@ -76,18 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("workspace", metavar="WORKSPACE", help="the directory of your functions")
     build.add_argument("--image", required=True, help="tag of the image to build")
     build.add_argument("--target", help="check locally first that this module:Class imports")
+    build.add_argument("--push", action="store_true", help="push the image and print it by digest")
 
-    ship = commands.add_parser(
-        "ship",
-        help="build, push and register a function with the platform",
-        description="Check the target locally, build the workspace's image, push it, and "
-        "register it with the platform by digest (skipped when the same image and settings "
-        "are already registered). --local runs the built image here instead.",
-        epilog="example: python -m runtime ship sample_functions --target "
-        "functions.reward.reward:DemoRewardProcessor --image 127.0.0.1:5000/demo-reward:v1 "
-        "--platform-url https://platform.example",
-    )
-    add_ship_arguments(ship)
+    # the platform client: register, test-function, upload-data, job ..., instance ...
+    platform_cli.add_commands(commands)
     return parser
 
 
@@ -98,17 +95,17 @@ def _fail(code: int, message: str) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command in ("build", "ship"):
-        from runtime.ship import run_build, run_ship
+    if args.command == "build":
+        from runtime.images import run_build
 
-        if args.command == "build":
-            sys.exit(run_build(args.workspace, args.image, args.target))
-        sys.exit(run_ship(args))
+        sys.exit(run_build(args.workspace, args.image, args.target, args.push))
+    if args.command in platform_cli.COMMANDS:
+        sys.exit(platform_cli.run(args))
     try:
         settings = resolve(args)
     except SettingsError as exc:
         _fail(2, f"invalid setting {exc}")
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:
@@ -129,15 +126,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         body = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
     except OSError as exc:
         _fail(2, f"cannot read {args.input}: {exc.strerror}")
-    sys.exit(anyio.run(_invoke_once, target, body, settings.threads))
+    sys.exit(anyio.run(_invoke_once, target, body, settings.threads, settings.sub_reward_errors))
 
 
-async def _invoke_once(target: Target, body: bytes, threads: int) -> int:
+async def _invoke_once(
+    target: Target, body: bytes, threads: int, sub_reward_errors: str = "zero"
+) -> int:
     anyio.to_thread.current_default_thread_limiter().total_tokens = threads
     try:
-        function = Function(target)
+        function = Function(target, threads=threads, sub_reward_errors=sub_reward_errors)
         await function.setup()
     except ProcessorFailure as exc:
+        _print_user_traceback(exc, None)
         print(f"error: {exc}", file=sys.stderr)
         return 3
     try:
@@ -145,13 +145,21 @@ async def _invoke_once(target: Target, body: bytes, threads: int) -> int:
     except RequestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    bind_secrets(input_data)
     try:
         output = await function.process(input_data)
         code = 1 if orjson.loads(output).get("status") == "failed" else 0
     except ProcessorFailure as exc:
         output, code = function.failure(exc.code, str(exc)), 1
+        _print_user_traceback(exc, input_data)
         print(f"error: {exc}", file=sys.stderr)
     finally:
         await function.shutdown()
     sys.stdout.buffer.write(orjson.dumps(orjson.loads(output), option=orjson.OPT_INDENT_2) + b"\n")
     return code
+
+
+def _print_user_traceback(failure: ProcessorFailure, input_data: object) -> None:
+    """The traceback of the user code that raised (the runtime's frames left out), scrubbed."""
+    if failure.__cause__ is not None and failure.code in (PROCESSOR_ERROR, SETUP_FAILED):
+        sys.stderr.write(redact(user_traceback(failure.__cause__), input_data))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["ImageError", "build", "build_context", "push", "source_root"]
+__all__ = ["ImageError", "build", "build_context", "push", "run_build", "source_root"]
 
 # What never belongs in an image (the same spirit as .dockerignore).
 _IGNORED = shutil.ignore_patterns(
@@ -99,3 +99,29 @@ def push(image: str) -> str:
     if not found:
         raise ImageError(f"docker push {image} reported no digest")
     return found[-1]
+
+
+def run_build(workspace: str, image: str, target: str | None, push_it: bool = False) -> int:
+    """``python -m runtime build``: check the target, build, optionally push; exit status."""
+    if target:
+        from runtime.loading import TargetError, load_target
+
+        try:
+            load_target(target, workspace)
+        except TargetError as exc:
+            print(f"error: {exc} (checked locally before building)", file=sys.stderr)
+            return 2
+    try:
+        build(Path(workspace), image)
+        if push_it:
+            digest = push(image)
+            name = image.split("@", 1)[0]
+            last = name.rsplit("/", 1)[-1]
+            repository = name.rsplit(":", 1)[0] if ":" in last else name
+            print(f"{repository}@{digest}")
+            return 0
+    except ImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(image)
+    return 0

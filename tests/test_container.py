@@ -1,4 +1,4 @@
-"""The function image and the ship client, through the real ``docker`` CLI.
+"""The function image and the build command, through the real ``docker`` CLI.
 
 Needs a Docker-compatible engine: ``eval "$(../shared/container-engine/up.sh)"`` brings
 one up here (``.ci/run`` does). Without one these tests skip and say so.
@@ -7,7 +7,6 @@ one up here (``.ci/run`` does). Without one these tests skip and say so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import httpx
 import pytest
 from conftest import ROOT, SAMPLES, TESTS, free_port, reward_body
 from llm_stub import LLMStub
-from platform_stub import PlatformStub
 
 REGISTRY = "127.0.0.1:5000"
 
@@ -189,132 +187,41 @@ def test_docker_stop_drains_and_exits_zero(test_workspace_image, run_container):
     assert "Finished server process" in docker("logs", name).stderr + docker("logs", name).stdout
 
 
-def ship(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def build(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime", "ship", *args],
+        [sys.executable, "-m", "runtime", "build", *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
     )
 
 
-def test_ship_pushes_by_digest_and_registers_once(tmp_path):
-    repository = f"shipped-{uuid.uuid4().hex[:6]}"
-    job = tmp_path / "job.yaml"
-    job.write_text(
-        "functions:\n"
-        "  - type: reward\n"
-        "    name: safety-reward\n"
-        "    timeout: 300\n"
-        "    weight: 0.5\n"
-        "    fcmodel:\n"
-        "      classpath: functions.reward.safety.SafetyProcessor\n"
-        "    runtime:\n"
-        "      cpu: 1\n"
-        "      memory_size: 2048\n"
-        "      max_capacity: 3\n"
-        "      env: {MODE: strict}\n"
-    )
-    with PlatformStub(free_port(), busy_first=1) as platform:
-        arguments = [
-            str(SAMPLES),
-            "--config",
-            str(job),
-            "--image",
-            f"{REGISTRY}/{repository}:v1",
-            "--platform-url",
-            platform.url,
-            "--concurrency",
-            "16",
-            "-o",
-            "json",
-        ]
-        env_key = {"DASHSCOPE_API_KEY": platform.api_key}
-        first = ship(*arguments, env=env_key)
-        assert first.returncode == 0, first.stderr[-3000:]
-        shown = json.loads(first.stdout)
-        assert shown["state"] == "registered"
-        assert shown["entity_id"].startswith("fn-") and shown["instance_ids"]
-        digest = shown["image"].split("@", 1)[1]
-        # the manifest is in the registry, by the printed digest
-        manifest = httpx.get(
-            f"http://{REGISTRY}/v2/{repository}/manifests/{digest}",
-            headers={
-                "Accept": "application/vnd.oci.image.manifest.v1+json, "
-                "application/vnd.docker.distribution.manifest.v2+json"
-            },
-        )
-        assert manifest.status_code == 200
-        assert manifest.headers["docker-content-digest"] == digest
-        assert platform.registrations == [
-            {
-                "function_type": "reward",
-                "name": "safety-reward",
-                "image": f"{REGISTRY}/{repository}@{digest}",
-                "target": "functions.reward.safety.SafetyProcessor",
-                "timeout": 300,
-                "runtime": {
-                    "cpu": 1,
-                    "memory_size": 2048,
-                    "disk_size": 10240,
-                    "concurrency": 16,
-                    "capacity": 1,
-                    "min_instances": 1,
-                    "max_instances": 3,
-                    "env": {"MODE": "strict"},
-                },
-                "weight": 0.5,
-                "reward_metric_weight": {"no_unsafe_content": 0.7, "concise": 0.3},
-            }
-        ]
-        assert set(platform.authorizations) == {f"Bearer {platform.api_key}"}
-        assert platform.api_key not in first.stdout + first.stderr
-
-        second = ship(*arguments, env=env_key)
-        assert second.returncode == 0, second.stderr[-3000:]
-        again = json.loads(second.stdout)
-        assert again["state"] == "unchanged" and again["image"] == shown["image"]
-        assert len(platform.registrations) == 1
-
-
-def test_ship_reports_platform_errors_and_bad_targets():
-    with PlatformStub(free_port()) as platform:
-        wrong_key = ship(
-            str(SAMPLES),
-            "--target",
-            "functions.reward.reward:DemoRewardProcessor",
-            "--image",
-            f"{REGISTRY}/denied:v1",
-            "--platform-url",
-            platform.url,
-            "--api-key",
-            "sk-wrong-key",
-        )
-    assert wrong_key.returncode == 1
-    assert "invalid API key status=401 code=Unauthorized request_id=req-denied" in wrong_key.stderr
-    assert "sk-wrong-key" not in wrong_key.stderr + wrong_key.stdout
-    bad = ship(str(SAMPLES), "--target", "functions.reward.missing:X", "--image", "x:1", "--local")
-    assert bad.returncode == 2 and "checked locally before building" in bad.stderr
-
-
-def test_ship_local_runs_the_built_image():
-    done = ship(
+def test_build_push_prints_the_image_by_digest():
+    repository = f"pushed-{uuid.uuid4().hex[:6]}"
+    done = build(
         str(SAMPLES),
+        "--image",
+        f"{REGISTRY}/{repository}:v1",
         "--target",
         "functions.reward.reward:DemoRewardProcessor",
-        "--image",
-        "rl-fn-local:test",
-        "--local",
+        "--push",
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    url = lines[0].rsplit(" at ", 1)[1]
-    container = lines[-1].split()[-1]
-    try:
-        body = json.loads((SAMPLES / "requests" / "reward.json").read_text())
-        assert httpx.post(f"{url}/api/v1", json=body).json()["reward"]["reward_score"] == 1.0
-        assert "curl" in done.stdout
-    finally:
-        docker("rm", "-f", container, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = done.stdout.strip().splitlines()[-1]
+    assert reference.startswith(f"{REGISTRY}/{repository}@sha256:")
+    digest = reference.split("@", 1)[1]
+    manifest = httpx.get(
+        f"http://{REGISTRY}/v2/{repository}/manifests/{digest}",
+        headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.docker.distribution.manifest.v2+json"
+        },
+    )
+    assert manifest.status_code == 200
+    assert manifest.headers["docker-content-digest"] == digest
+
+
+def test_build_checks_the_target_before_building():
+    bad = build(str(SAMPLES), "--target", "functions.reward.missing:X", "--image", "x:1")
+    assert bad.returncode == 2 and "checked locally before building" in bad.stderr

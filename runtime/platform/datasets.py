@@ -1,0 +1,75 @@
+"""Training data: check JSONL files locally, then upload them one by one (``POST /files``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+from runtime.platform.http import Platform, PlatformError, payload_of
+
+__all__ = ["DatasetError", "check_jsonl", "upload"]
+
+_SIZE_LIMIT = 1024 * 1024 * 1024
+_SHOWN = 5  # bad lines named in one message
+
+
+class DatasetError(Exception):
+    pass
+
+
+def check_jsonl(path: Path) -> None:
+    """Every line a JSON object with a ``messages`` list; the bad lines' numbers if not."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    limit = int(os.environ.get("DATASETS_FILE_SIZE_WARNING", _SIZE_LIMIT))
+    size = path.stat().st_size
+    if size == 0:
+        raise DatasetError(f"{path}: the file is empty")
+    if size > limit:
+        raise DatasetError(f"{path}: {size / 1e6:.1f} MB, over the limit of {limit / 1e6:.1f} MB")
+    bad: list[str] = []
+    count = 0
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                bad.append(f"line {number}: empty")
+                continue
+            count += 1
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                bad.append(f"line {number}: not JSON ({str(exc).split(':')[0]})")
+                continue
+            if not isinstance(record, dict):
+                bad.append(f"line {number}: not a JSON object")
+            elif not isinstance(record.get("messages"), list) or not record["messages"]:
+                bad.append(f"line {number}: no 'messages' list")
+    if bad:
+        more = f" (and {len(bad) - _SHOWN} more)" if len(bad) > _SHOWN else ""
+        raise DatasetError(f"{path}: {len(bad)} bad line(s): " + "; ".join(bad[:_SHOWN]) + more)
+
+
+def upload(platform: Platform, path: Path) -> str:
+    """Upload one checked file; its file id."""
+    what = f"uploading {path.name}"
+    answer = platform.call(
+        what,
+        "POST",
+        platform.url("files"),
+        creates=True,
+        files=[
+            ("files", (path.name, path.read_bytes(), "application/octet-stream")),
+            ("purpose", (None, b"fine-tune", "text/plain; charset=utf-8")),
+        ],
+    )
+    out = payload_of(answer) or {}
+    failed = out.get("failed_uploads") or []
+    if failed:
+        names = ", ".join(str(f.get("name", f)) if isinstance(f, dict) else str(f) for f in failed)
+        raise PlatformError(what, f"the platform refused: {names}")
+    uploaded = out.get("uploaded_files") or []
+    if not uploaded or not uploaded[0].get("file_id"):
+        raise PlatformError(what, "the answer has no data.uploaded_files[0].file_id")
+    return str(uploaded[0]["file_id"])

@@ -1,0 +1,404 @@
+"""Function components: resolve their classes, register them, and use their instances.
+
+Registration of the components that have no ``entity_id`` yet:
+
+1. import every class in a clean subprocess (one per workspace), as ``serve`` would, which
+   also gives each reward's sub-reward weights from its registry;
+2. build each component's zip (its class baked into its ``start.sh``);
+3. create one dependency layer per distinct set of requirements (the SDK makes one per
+   component; layers are slow to build);
+4. per component: a signed upload URL, the zip PUT to it, the register call;
+5. unless lazy: wait for the layers, start an instance of each, wait until it is active.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.platform import packaging
+from runtime.platform.config import FunctionSpec
+from runtime.platform.http import Platform, PlatformError, payload_of
+from runtime.platform.progress import Reporter
+
+__all__ = [
+    "KINDS",
+    "Component",
+    "ComponentError",
+    "delete_instance",
+    "instance_logs",
+    "invoke",
+    "register",
+    "resolve",
+]
+
+KINDS = ("rollout", "reward", "group_reward")
+_ID_KEYS = {"rollout": "rollout_id", "reward": "reward_id", "group_reward": "group_reward_id"}
+
+
+class ComponentError(Exception):
+    """A component that cannot be packaged or registered (found locally, before upload)."""
+
+
+@dataclass
+class Component:
+    kind: str
+    label: str  # how messages name it: "functions[0] (rollout-1)" or the classpath
+    zipdir: Path
+    file: str = ""  # the class's file, relative to zipdir
+    module: str = ""
+    class_name: str = ""
+    requirements_path: str | None = "./requirements.txt"
+    extra_files: tuple[Path, ...] = ()
+    spec: FunctionSpec | None = None
+    entity_id: str | None = None
+    layer_code: str | None = None
+    weights: dict[str, float] | None = None
+    instance_id: str | None = None
+    requirements: str = ""
+    package: packaging.Package | None = field(default=None, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.class_name}"
+
+    def runtime_body(self) -> dict[str, Any]:
+        """The component's runtime settings, as the load call and the job body take them."""
+        runtime = self.spec.runtime if self.spec and self.spec.runtime else None
+        body = runtime.model_dump(exclude_none=True) if runtime else {}
+        if self.layer_code:
+            body["layer_code"] = self.layer_code
+        return body
+
+
+def _module_file(zipdir: Path, module: str) -> str | None:
+    base = module.replace(".", "/")
+    for candidate in (f"{base}.py", f"{base}/__init__.py"):
+        if (zipdir / candidate).is_file():
+            return candidate
+    return None
+
+
+def resolve(
+    kind: str,
+    classpath: str,
+    zipdir: Path,
+    *,
+    label: str | None = None,
+    filepath: str = "",
+    classname: str = "",
+) -> Component:
+    """A component from any classpath form: the SDK's (``pkg.mod.Cls``, ``path/file.py:Cls``,
+    filepath + classname) and ours (``pkg.mod:Cls``)."""
+    label = label or classpath or f"{filepath}:{classname}"
+    text = classpath.strip().replace("\\", "/")
+    if not zipdir.is_dir():
+        raise ComponentError(f"{label}: the workspace {str(zipdir)!r} is not a directory")
+    if not text:
+        if not (filepath and classname):
+            raise ComponentError(f"{label}: no classpath (nor filepath and classname)")
+        file = filepath.replace("\\", "/")
+        file, class_name = (file if file.endswith(".py") else f"{file}.py"), classname
+    elif ":" in text:
+        left, _, class_name = text.partition(":")
+        if ":" in class_name or not left or not class_name:
+            raise ComponentError(f"{label}: expected path/to/file.py:Class or package.module:Class")
+        if left.endswith(".py") or "/" in left:
+            file = left if left.endswith(".py") else f"{left}.py"
+        else:  # ours: a module path; else the SDK's reading, a file named like one
+            file = _module_file(zipdir, left) or f"{left}.py"
+    else:
+        left, _, class_name = text.rpartition(".")
+        if not left:
+            raise ComponentError(f"{label}: expected package.module.Class (two segments at least)")
+        file = _module_file(zipdir, left) or f"{left.replace('.', '/')}.py"
+    path = (zipdir / file).resolve()
+    try:
+        file = path.relative_to(zipdir.resolve()).as_posix()
+    except ValueError:
+        raise ComponentError(f"{label}: {file} is outside the workspace {zipdir}") from None
+    if not path.is_file():
+        raise ComponentError(f"{label}: {file} does not exist in the workspace {zipdir}")
+    module = file[: -len(".py")].replace("/", ".")
+    module = module[: -len(".__init__")] if module.endswith(".__init__") else module
+    return Component(kind, label, zipdir, file, module, class_name)
+
+
+def check_imports(components: list[Component], reporter: Reporter) -> None:
+    """Import every class in a clean subprocess per workspace; fail before any upload."""
+    by_dir: dict[Path, list[Component]] = {}
+    for component in components:
+        by_dir.setdefault(component.zipdir.resolve(), []).append(component)
+    with reporter.step(f"checking that {len(components)} class(es) import"):
+        for zipdir, group in by_dir.items():
+            targets = [[c.target, str(zipdir), c.kind] for c in group]
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+            done = subprocess.run(
+                [sys.executable, "-m", "runtime.platform.importcheck", json.dumps(targets)],
+                cwd=zipdir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            try:
+                results = json.loads(done.stdout.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+                raise ComponentError(
+                    f"the import check in {zipdir} failed (exit {done.returncode}): {tail}"
+                ) from None
+            for component, result in zip(group, results, strict=False):
+                if "error" in result:
+                    raise ComponentError(
+                        f"{component.label}: {result['error']} (checked locally, nothing uploaded)"
+                    )
+                component.weights = result.get("weights")
+
+
+def _poll(interval: float, timeout: float, what: str, probe: Any) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() + interval > deadline:
+            raise PlatformError(what, f"not done after {timeout:g} s")
+        time.sleep(interval)
+
+
+def register(
+    platform: Platform,
+    components: list[Component],
+    reporter: Reporter,
+    *,
+    lazy: bool = True,
+    server: str = "runtime",
+    poll_interval: float = 5.0,
+    wait_timeout: float = 900.0,
+) -> None:
+    """Register the components without an entity id (in place); start instances unless lazy."""
+    todo = [c for c in components if not c.entity_id]
+    if todo:
+        check_imports(todo, reporter)
+        with reporter.step(f"packaging {len(todo)} function(s)"):
+            for c in todo:
+                try:
+                    c.requirements = packaging.layer_requirements(
+                        c.zipdir, c.requirements_path, server
+                    )
+                    c.package = packaging.build_package(
+                        c.zipdir,
+                        c.kind,
+                        c.module,
+                        c.class_name,
+                        c.requirements,
+                        server=server,
+                        extra_files=c.extra_files,
+                    )
+                except packaging.PackagingError as exc:
+                    raise ComponentError(f"{c.label}: {exc}") from None
+                reporter.note(
+                    f"  {c.label}: {len(c.package.data) / 1024:.1f} KiB, "
+                    f"{len(c.package.entries)} files"
+                )
+    layers = _create_layers(platform, todo, reporter)
+    for c in todo:
+        assert c.package is not None
+        unique_key = f"{c.kind}-{uuid.uuid4()}"
+        with reporter.step(f"uploading {c.label} ({len(c.package.data) / 1024:.1f} KiB)"):
+            answer = platform.call(
+                "getting an upload URL",
+                "POST",
+                platform.url("upload_url"),
+                json={"unique_key": unique_key},
+                creates=True,
+            )
+            url = (payload_of(answer) or {}).get("url")
+            if not url:
+                raise PlatformError("getting an upload URL", "the answer has no output.url")
+            platform.put_bytes(f"uploading the package of {c.label}", url, c.package.data)
+        c.layer_code = layers.get(c.requirements) or c.layer_code
+        answer = platform.call(
+            f"registering {c.label}",
+            "POST",
+            platform.url(f"register_{c.kind}"),
+            json={"name": c.file, "func": c.class_name, "unique_key": unique_key, "code_url": url},
+            creates=True,
+        )
+        entity = (payload_of(answer) or {}).get(_ID_KEYS[c.kind])
+        if not entity:
+            raise PlatformError(
+                f"registering {c.label}", f"the answer has no output.{_ID_KEYS[c.kind]}"
+            )
+        c.entity_id = str(entity)
+        reporter.note(f"registered {c.label}: {c.entity_id}")
+    if lazy:
+        return
+    _wait_layers(platform, components, reporter, poll_interval, wait_timeout)
+    for c in components:
+        answer = platform.call(
+            f"starting an instance of {c.label}",
+            "POST",
+            platform.url("load", f"jobId-{uuid.uuid4()}", str(c.entity_id)),
+            json=c.runtime_body(),
+            creates=True,
+        )
+        out = payload_of(answer) or {}
+        instance = out.get("instanceId") or out.get("instance_id")
+        if not instance:
+            raise PlatformError(
+                f"starting an instance of {c.label}", "the answer has no instanceId"
+            )
+        c.instance_id = str(instance)
+    with reporter.step(f"waiting for {len(components)} instance(s) to be active"):
+        for c in components:
+            _poll(
+                poll_interval,
+                wait_timeout,
+                f"waiting for instance {c.instance_id}",
+                lambda c=c: (
+                    True if _instance(platform, str(c.instance_id)).get("status") == 2 else None
+                ),
+            )
+            reporter.update(f"instance {c.instance_id} of {c.label} is active")
+
+
+def _create_layers(platform: Platform, todo: list[Component], reporter: Reporter) -> dict[str, str]:
+    """One layer per distinct requirements text; ``{requirements: layer_code}``."""
+    used = os.environ.get("FC_LAYER_USED", "true").strip().lower() in ("true", "1", "yes")
+    layers: dict[str, str] = {}
+    if not used:
+        return layers
+    for c in todo:
+        if c.requirements in layers:
+            continue
+        digest = hashlib.sha256(c.requirements.encode()).hexdigest()[:8]
+        answer = platform.call(
+            "creating a dependency layer",
+            "POST",
+            platform.url("layer_create"),
+            json={"layer_name": f"fc_layer-{digest}", "requirements_content": c.requirements},
+            creates=True,
+        )
+        code = (payload_of(answer) or {}).get("layer_code") or ""
+        layers[c.requirements] = str(code)
+        sharing = sum(1 for other in todo if other.requirements == c.requirements)
+        reporter.note(f"dependency layer {code or '(unnamed)'} for {sharing} function(s)")
+    return layers
+
+
+def _wait_layers(
+    platform: Platform,
+    components: list[Component],
+    reporter: Reporter,
+    interval: float,
+    timeout: float,
+) -> None:
+    codes = sorted({c.layer_code for c in components if c.layer_code})
+    if not codes:
+        return
+    with reporter.step(f"waiting for {len(codes)} dependency layer(s) to build"):
+        for code in codes:
+
+            def probe(code: str = code) -> bool | None:
+                answer = platform.call(
+                    "querying a dependency layer",
+                    "GET",
+                    platform.url("layer_status"),
+                    params={"layer_code": code},
+                )
+                state = str((payload_of(answer) or {}).get("status") or "").upper()
+                if state == "SUCCESS":
+                    return True
+                if state in ("FAILED", "FAIL", "ERROR"):
+                    raise PlatformError(
+                        "building a dependency layer",
+                        f"layer {code} is {state}: check the requirements it was built from",
+                    )
+                return None
+
+            _poll(interval, timeout, f"waiting for layer {code}", probe)
+
+
+def _instance(platform: Platform, instance_id: str) -> dict[str, Any]:
+    answer = platform.call(
+        f"querying instance {instance_id}", "POST", platform.url("query", instance_id), json={}
+    )
+    out = payload_of(answer)
+    if not isinstance(out, dict) or "status" not in out:
+        raise PlatformError(f"querying instance {instance_id}", "the answer has no output.status")
+    return out
+
+
+def invoke(platform: Platform, instance_id: str, payload: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``payload`` to the instance; (HTTP status, JSON output) as the instance answered."""
+    info = _instance(platform, instance_id)
+    url, token = info.get("trigger_url"), info.get("trigger_token")
+    if not url or not token:
+        raise PlatformError(
+            f"calling instance {instance_id}",
+            f"the instance has no trigger URL yet (status {info.get('status')}): is it started?",
+        )
+    response = platform.request(
+        f"calling instance {instance_id}",
+        "POST",
+        f"{url}/api/v1",
+        bare=True,
+        creates=True,
+        json=payload,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        raise PlatformError(
+            f"calling instance {instance_id}",
+            " ".join(response.text.split())[:300] or response.reason_phrase,
+            status=response.status_code,
+        ) from None
+
+
+def instance_logs(
+    platform: Platform, instance_id: str, *, page_size: int = 100, max_pages: int = 100
+) -> list[str]:
+    """All log messages of an instance, page after page (either of the two answer shapes)."""
+    messages: list[str] = []
+    for page in range(1, max_pages + 1):
+        answer = platform.call(
+            f"reading the logs of instance {instance_id}",
+            "POST",
+            platform.url("instance_logs", instance_id),
+            json={"pageNumber": page, "pageSize": page_size},
+        )
+        out = payload_of(answer) or {}
+        entries = out.get("log_entries", out.get("logEntries")) or []
+        total = out.get("total_count", out.get("totalCount"))
+        for entry in entries:
+            messages.append(str(entry.get("message")) if isinstance(entry, dict) else str(entry))
+        if len(entries) < page_size or (isinstance(total, int) and len(messages) >= total):
+            break
+    return messages
+
+
+def delete_instance(platform: Platform, instance_id: str) -> dict[str, Any]:
+    what = f"deleting instance {instance_id}"
+    answer = platform.call(what, "POST", platform.url("instance_delete", instance_id), json={})
+    code = answer.get("code")
+    if code not in (None, 0, 200, "0", "200"):
+        raise PlatformError(
+            what,
+            str(answer.get("message") or "refused"),
+            code=code,
+            request_id=answer.get("request_id"),
+        )
+    out = payload_of(answer)
+    return {"instance_id": instance_id, **(out if isinstance(out, dict) else {})}

@@ -1,0 +1,219 @@
+"""Training jobs: the submit body built from a job file, and the job endpoints.
+
+Each component's settings travel with that component: its own id, name, weight, timeout,
+metric weights and runtime (the SDK pairs them by position in separate lists, so they
+shift when some components lack one). Group rewards go in ``rewards`` under
+``reward_id`` as the platform reads them, marked ``"type": "group_reward"`` so that the
+platform can tell them from rewards.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from runtime.platform.config import JobFile
+from runtime.platform.functions import Component, resolve
+from runtime.platform.http import Platform, PlatformError, payload_of
+
+__all__ = [
+    "TERMINAL",
+    "components_of",
+    "follow",
+    "job_logs",
+    "submit",
+    "submit_body",
+]
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELED", "UNKNOWN")
+
+
+def components_of(job: JobFile) -> list[Component]:
+    """The job file's functions, resolved against the file's directory."""
+    components = []
+    for index, spec in enumerate(job.config.functions):
+        label = f"functions[{index}]" + (f" ({spec.name})" if spec.name else "")
+        zipdir = (job.base_dir / spec.fcmodel.zipdir).resolve()
+        if spec.entity_id:
+            layer = spec.runtime.layer_code if spec.runtime else None
+            component = Component(
+                spec.type, label, zipdir, spec=spec, entity_id=spec.entity_id, layer_code=layer
+            )
+        else:
+            component = resolve(
+                spec.type,
+                spec.fcmodel.classpath,
+                zipdir,
+                label=label,
+                filepath=spec.fcmodel.filepath,
+                classname=spec.fcmodel.classname,
+            )
+            component.spec = spec
+            component.requirements_path = spec.fcmodel.requirements_path
+            component.extra_files = tuple(
+                (job.base_dir / extra).resolve() for extra in spec.fcmodel.extra_files
+            )
+            component.layer_code = spec.runtime.layer_code if spec.runtime else None
+        components.append(component)
+    return components
+
+
+def _item(component: Component) -> dict[str, Any]:
+    spec = component.spec
+    assert spec is not None and component.entity_id
+    key = "rollout_id" if component.kind == "rollout" else "reward_id"
+    item: dict[str, Any] = {
+        key: component.entity_id,
+        "name": spec.name or f"{component.kind.replace('_', '-')}-{uuid.uuid4().hex[:8]}",
+    }
+    if component.kind == "group_reward":
+        item["type"] = "group_reward"
+    if spec.weight is not None:
+        item["weight"] = spec.weight
+    if spec.timeout is not None:
+        item["timeout"] = spec.timeout
+    if component.kind != "rollout":
+        # the YAML's weights win over the class's registry
+        weights = spec.reward_metric_weight or component.weights
+        if weights:
+            item["reward_metric_weight"] = weights
+    runtime = component.runtime_body()
+    env = runtime.pop("env", None)
+    item.update(runtime)
+    if env:
+        item["env"] = {
+            k: ("true" if v else "false") if isinstance(v, bool) else v for k, v in env.items()
+        }
+    return item
+
+
+def submit_body(
+    job: JobFile,
+    components: list[Component],
+    file_ids: dict[int, str],
+    *,
+    job_name: str | None = None,
+) -> dict[str, Any]:
+    """``POST /fine-tunes`` body; ``file_ids`` maps dataset index to its uploaded file id."""
+    config = job.config
+    datasets: dict[str, list[dict[str, Any]]] = {"training": [], "validation": []}
+    for index, dataset in enumerate(config.datasets):
+        if dataset.type not in datasets:
+            continue  # "testing" datasets are never submitted
+        entry = dataset.model_dump(mode="json", exclude_none=True)
+        if index in file_ids:
+            entry["file_id"] = file_ids[index]
+        datasets[dataset.type].append(entry)
+    rollouts = [_item(c) for c in components if c.kind == "rollout"]
+    rewards = [_item(c) for c in components if c.kind == "reward"]
+    rewards += [_item(c) for c in components if c.kind == "group_reward"]
+    hyper = config.training.hyper_parameters
+    body: dict[str, Any] = {
+        "model": config.model.name,
+        "training_datasets": datasets["training"],
+        "validation_datasets": datasets["validation"],
+        "rollout": rollouts[0] if rollouts else None,
+        "rewards": rewards,
+        "hyper_parameters": hyper.model_dump(exclude_none=True) if hyper else None,
+        "resource_config": config.training.resources,
+        "training_type": "pg_opd" if config.teacher_model else config.training.type,
+        "teacher_model": config.teacher_model,
+        "job_name": job_name or f"{config.name}-{uuid.uuid4().hex[:8]}",
+    }
+    return {k: v for k, v in body.items() if v not in (None, "", [], {})}
+
+
+def submit(platform: Platform, body: dict[str, Any]) -> dict[str, Any]:
+    what = "submitting the job"
+    out = payload_of(platform.call(what, "POST", platform.url("jobs"), json=body, creates=True))
+    if not isinstance(out, dict) or not out.get("job_id"):
+        raise PlatformError(what, "the answer has no output.job_id")
+    return out
+
+
+def get(platform: Platform, job_id: str) -> dict[str, Any]:
+    what = f"getting job {job_id}"
+    out = payload_of(platform.call(what, "GET", platform.url("jobs", job_id)))
+    if not isinstance(out, dict) or "status" not in out:
+        raise PlatformError(what, "the answer has no output.status")
+    return out
+
+
+def list_jobs(platform: Platform, page: int, size: int) -> dict[str, Any]:
+    answer = platform.call(
+        "listing jobs", "GET", platform.url("jobs"), params={"page_no": page, "page_size": size}
+    )
+    out = payload_of(answer)
+    out = out if isinstance(out, dict) else {}
+    jobs = out.get("jobs") or []
+    return {
+        "page_no": out.get("page_no", page),
+        "page_size": out.get("page_size", size),
+        "total": out.get("total", len(jobs)),
+        "jobs": jobs,
+    }
+
+
+def cancel(platform: Platform, job_id: str) -> dict[str, Any]:
+    answer = platform.call(
+        f"canceling job {job_id}", "POST", platform.url("jobs", job_id, "cancel")
+    )
+    return {"job_id": job_id, **_dict(payload_of(answer))}
+
+
+def delete(platform: Platform, job_id: str) -> dict[str, Any]:
+    answer = platform.call(f"deleting job {job_id}", "DELETE", platform.url("jobs", job_id))
+    return {"job_id": job_id, **_dict(payload_of(answer))}
+
+
+def job_logs(platform: Platform, job_id: str, offset: int, lines: int) -> list[str]:
+    answer = platform.call(
+        f"reading the logs of job {job_id}",
+        "GET",
+        platform.url("jobs", job_id, "logs"),
+        params={"offset": offset, "line": lines},
+    )
+    logs = _dict(payload_of(answer)).get("logs")
+    if isinstance(logs, str):
+        return logs.splitlines()
+    return [str(line) for line in logs or []]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def follow(
+    platform: Platform,
+    job_id: str,
+    *,
+    on_status: Callable[[str], None],
+    on_line: Callable[[str], None],
+    interval: float,
+    timeout: float | None,
+    offset: int = 1,
+    page: int = 1000,
+) -> dict[str, Any]:
+    """Poll a job to a final state, reporting status changes and new log lines."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        job = get(platform, job_id)
+        status = str(job.get("status"))
+        if status != last:
+            on_status(status)
+            last = status
+        while True:  # every new log line, page after page
+            lines = job_logs(platform, job_id, offset, page)
+            for line in lines:
+                on_line(line)
+            offset += len(lines)
+            if len(lines) < page:
+                break
+        if status in TERMINAL:
+            return job
+        if deadline is not None and time.monotonic() + interval > deadline:
+            raise TimeoutError(f"job {job_id} is still {status} after {timeout:g} s")
+        time.sleep(interval)
