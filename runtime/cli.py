@@ -20,6 +20,7 @@ from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
 from runtime.function import Function, ProcessorFailure, RequestError, redact
 from runtime.loading import Target, TargetError, load_target
 from runtime.logs import bind_secrets, setup_logging, user_traceback
+from runtime.manifests import add_manifests_command, run_manifests
 from runtime.platform import cli as platform_cli
 
 __all__ = ["main"]
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # the platform client: register, test-function, upload-data, job ..., instance ...
     platform_cli.add_commands(commands)
+    add_manifests_command(commands)
     return parser
 
 
@@ -101,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(run_build(args.workspace, args.image, args.target, args.push))
     if args.command in platform_cli.COMMANDS:
         sys.exit(platform_cli.run(args))
+    if args.command == "manifests":
+        sys.exit(run_manifests(args))
     try:
         settings = resolve(args)
     except SettingsError as exc:
