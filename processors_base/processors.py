@@ -8,8 +8,11 @@ runtime runs async ones on the event loop and sync ones in its bounded thread po
 
 from __future__ import annotations
 
+import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from processors_base.models import (
@@ -23,6 +26,7 @@ from processors_base.models import (
     RolloutOutput,
     WireModel,
 )
+from processors_base.reward_meta import RewardProcessorMeta, meta_of
 from processors_base.rewards import registry_of
 
 __all__ = [
@@ -31,6 +35,8 @@ __all__ = [
     "AbstractRewardProcessor",
     "AbstractRolloutProcessor",
 ]
+
+_EXECUTOR_LOCK = threading.Lock()
 
 
 class AbstractProcessor(ABC):
@@ -69,8 +75,51 @@ class AbstractRewardProcessor(AbstractProcessor):
     input_model = RewardInput
     output_model = RewardOutput
 
+    def __init__(self, executor: Executor | None = None) -> None:
+        if executor is not None:
+            self.executor = executor
+
     @abstractmethod
     def process(self, input_data: RewardInput) -> RewardOutput: ...
+
+    @property
+    def executor(self) -> Executor:
+        """A thread pool for the processor's own sync work, as the SDK's reward processors
+        have (``await loop.run_in_executor(self.executor, f, x)``). Made on first use, or
+        given to ``__init__``; one this processor made is shut down when it stops."""
+        executor = self.__dict__.get("_executor")
+        if executor is None:
+            with _EXECUTOR_LOCK:  # two sub-rewards asking at once get the same pool
+                executor = self.__dict__.get("_executor")
+                if executor is None:
+                    executor = ThreadPoolExecutor(thread_name_prefix=f"{type(self).__name__}")
+                    self.__dict__["_executor"] = executor
+                    self.__dict__["_executor_owned"] = True
+        return executor
+
+    @executor.setter
+    def executor(self, value: Executor) -> None:
+        self.__dict__["_executor"] = value
+        self.__dict__["_executor_owned"] = False
+
+    def close_executor(self) -> None:
+        """Shut down ``executor`` if this processor made it (the runtime calls this on stop)."""
+        executor = self.__dict__.pop("_executor", None)
+        if executor is not None and self.__dict__.pop("_executor_owned", False):
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> Any:
+        """Runs once on graceful stop; closes ``executor``. Override freely."""
+        self.close_executor()
+
+    @functools.cached_property
+    def reward_meta(self) -> RewardProcessorMeta:
+        """The SDK's view of a ``@reward_func`` class (id, sub-rewards, aggregate);
+        absent (AttributeError) on a class that was not decorated, as under the SDK."""
+        meta = meta_of(type(self))
+        if meta is None:
+            raise AttributeError(f"{type(self).__name__} is not a @reward_func processor")
+        return meta
 
     def get_weights(self) -> dict[str, float]:
         """``{sub-reward name: weight}`` for every registered sub-reward."""

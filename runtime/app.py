@@ -10,6 +10,7 @@ where a few microseconds of routing do not matter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from time import perf_counter
@@ -38,6 +39,8 @@ __all__ = ["FunctionApp"]
 log = logging.getLogger("runtime")
 
 STARTING, READY, DRAINING = "starting", "healthy", "draining"
+UNHEALTHY = "unhealthy"
+SHUTDOWN_HOOK_LIMIT = 10.0  # seconds for the user's shutdown() at stop
 
 _JSON = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
@@ -55,12 +58,18 @@ class FunctionApp:
         self.function = function
         self.settings = settings
         self.tracing = tracing
-        self.admission = Admission(settings.concurrency, settings.queue)
+        self.admission = Admission(settings.concurrency, settings.queue, settings.max_buffered)
         self.state = STARTING
         self.on_fatal: Callable[[], None] | None = None  # set by the server: stop, exit non-zero
+        # set by the server: stop, exit EXIT_UNHEALTHY so that the supervisor replaces us
+        self.on_unhealthy: Callable[[], None] | None = None
+        # set by the server of a supervised worker: tell the supervisor at once
+        self.on_ready: Callable[[], None] | None = None
+        self.stuck_tasks = 0  # async requests that ignored their cancellation and run on
         self._request_log = RequestLog(function.func_type.value, settings)
         self._timeout = settings.timeout
         self._max_body = settings.max_body
+        self._body_timeout = settings.body_timeout
         self._setup_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
         self._setup_ok = False
@@ -71,8 +80,9 @@ class FunctionApp:
         }
         self.metrics = Metrics(
             function.func_type.value,
-            lambda: (self.admission.in_flight, self.admission.queued, function.offload.stuck),
+            lambda: (self.admission.in_flight, self.admission.queued, self.stuck),
         )
+        function.sub_reward_errors.on_failure = self.metrics.sub_reward_failed
         self._routes = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
@@ -82,10 +92,13 @@ class FunctionApp:
             ],
             exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         )
+        # A redirect would be built from the request's Host header (an open redirect).
+        self._routes.router.redirect_slashes = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if scope["path"] == "/api/v1" and scope["method"] == "POST":
+            path = scope["path"]
+            if (path == "/api/v1" or path == "/api/v1/") and scope["method"] == "POST":
                 await self._invoke(scope, receive, send)
             else:
                 await self._routes(scope, receive, send)
@@ -102,9 +115,8 @@ class FunctionApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                anyio.to_thread.current_default_thread_limiter().total_tokens = (
-                    self.settings.threads
-                )
+                # anyio's default threads are left to runtime internals (/metrics, tracing):
+                # user code has its own (runtime.offload.UserThreads) and never holds them.
                 # Setup runs in the background so that /health answers "starting" meanwhile.
                 loop = asyncio.get_running_loop()
                 self._setup_task = loop.create_task(self._setup())
@@ -117,7 +129,14 @@ class FunctionApp:
                 if self._setup_task is not None and not self._setup_task.done():
                     self._setup_task.cancel()
                 try:  # shutdown() only after a setup() that succeeded; pools always close
-                    await self.function.shutdown(run_hook=self._setup_ok)
+                    with anyio.move_on_after(SHUTDOWN_HOOK_LIMIT) as bound:
+                        await self.function.shutdown(run_hook=self._setup_ok)
+                    if bound.cancelled_caught:
+                        log.error(
+                            "%s.shutdown() did not finish within %gs; stopping without it",
+                            self.function.target.name,
+                            SHUTDOWN_HOOK_LIMIT,
+                        )
                 except Exception as exc:
                     log.error(
                         "%s.shutdown() failed: %s: %s",
@@ -138,6 +157,33 @@ class FunctionApp:
         while True:
             await asyncio.sleep(1.0)
             self.metrics.refresh()
+            if self.settings.workers > 1 and self.state == READY and self._stuck_reason():
+                # A supervised worker that cannot take work is replaced, not left to say 503.
+                log.error(
+                    "unhealthy: %s; stopping this worker so that a fresh one replaces it",
+                    self._stuck_reason(),
+                )
+                self.begin_drain()
+                if self.on_unhealthy is not None:
+                    self.on_unhealthy()
+
+    @property
+    def stuck(self) -> int:
+        """User calls still running after their request ended (sync threads, async tasks)."""
+        return self.function.threads.stuck + self.stuck_tasks
+
+    def _stuck_reason(self) -> str:
+        stuck, threads = self.stuck, self.settings.threads
+        if stuck < threads:
+            return ""
+        return (
+            f"{stuck} user calls are stuck (running on after their requests ended) and "
+            f"--threads is {threads}"
+        )
+
+    def unhealthy_reason(self) -> str:
+        """Why this worker cannot serve although setup() finished ("" when it can)."""
+        return self.function.offload.broken or self._stuck_reason()
 
     async def _setup(self) -> None:
         try:
@@ -150,6 +196,8 @@ class FunctionApp:
         self._setup_ok = True
         if self.state == STARTING:
             self.state = READY
+            if self.on_ready is not None:
+                self.on_ready()
             log.info(
                 "ready: %s serving %s", self.function.target.name, self.function.func_type.value
             )
@@ -168,7 +216,17 @@ class FunctionApp:
             self._finish(scope, started, 503, code, message, None)
             return
         admission = self.admission
-        if not admission.try_admit():
+        # Full: answered before reading a body. Else admitted only once the body is in, so
+        # a client slow to send never holds the place of one that is ready.
+        body = None
+        if not admission.full:
+            body = await self._receive_body(scope, receive, send, started)
+            if body is None:
+                return  # answered by _receive_body (408, 413, 503), or the client left
+            if not admission.try_admit():
+                admission.release_body(len(body))
+                body = None
+        if body is None:
             message = "all processing slots and the queue are taken; retry later"
             await _send(send, 503, errors.error_body(errors.OVERLOADED, message), _RETRY_AFTER)
             self._finish(scope, started, 503, errors.OVERLOADED, message, None)
@@ -176,32 +234,44 @@ class FunctionApp:
 
         function = self.function
         input_data = None
-        interrupt = _Interrupt(self._timeout)
+        interrupt = _Interrupt(self, send, scope, started)
+        send = interrupt.send  # drops what comes after a 504 sent at the deadline
         status, code, message = 200, "", ""
         error: BaseException | None = None  # user code's exception: its traceback is logged
         try:
             try:
-                input_data = function.parse(await self._read_body(scope, receive))
+                input_data = function.parse(body)
                 bind_secrets(input_data)  # blanked from this request's logs, bodies and spans
+                interrupt.input_data = input_data
                 interrupt.watch(receive)  # only now may another task wait on receive()
                 await admission.acquire_slot()
+                interrupt.in_slot = True
                 try:
                     if self.tracing is None:
                         output = await function.process(input_data)
                     else:
                         output = await self._traced_process(scope, input_data)
                 finally:
-                    admission.release_slot()
+                    interrupt.release_slot()  # admission.release_slot(), once
                 interrupt.close()
             except asyncio.CancelledError:
                 if not interrupt.reason:
-                    raise  # the server itself is stopping
+                    if self.state != DRAINING:
+                        raise
+                    interrupt.reason = "shutdown"  # uvicorn cancels what runs past --grace
                 interrupt.absorb()
             if not interrupt.reason:
                 await _send(send, 200, output)
             elif interrupt.reason == "disconnect":
                 status, code = 499, errors.CLIENT_DISCONNECTED
                 message = "client disconnected; processing was cancelled"
+            elif interrupt.reason == "shutdown":
+                status, code = 503, errors.DRAINING
+                message = (
+                    "the server is stopping and the request was still running after "
+                    f"--grace ({self.settings.grace:g}s); retry it"
+                )
+                await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
             else:
                 status, code = 504, errors.DEADLINE_EXCEEDED
                 message = f"the request did not finish within its {self._timeout:g}s deadline"
@@ -216,17 +286,63 @@ class FunctionApp:
         except _ClientGone:
             status, code = 499, errors.CLIENT_DISCONNECTED
             message = "client disconnected while sending"
-        except Exception as exc:  # a bug of ours: still a JSON answer, never a traceback
+        except BaseException as exc:  # a bug of ours: still a JSON answer, never a traceback
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             status, code, message = 500, errors.INTERNAL_ERROR, "internal error of the runtime"
             log.exception("internal error while serving a request")
             await _send(send, 500, function.failure(code, f"{message}: {type(exc).__name__}"))
         finally:
-            admission.leave()
             interrupt.close()
-            self._finish(scope, started, status, code, message, input_data, error)
+            admission.release_body(len(body))  # when the task ends: until then it holds it
+            if interrupt.abandoned:  # _overdue has ended the request; its task ends only now
+                self._stuck_task_ended(interrupt)
+            else:
+                admission.leave()
+                if interrupt.late:  # the client got the 504, whatever came after it
+                    status, code, message = 504, errors.DEADLINE_EXCEEDED, interrupt.late
+                self._finish(scope, started, status, code, message, input_data, error)
         if self.tracing is not None and self.tracing.flush_each_request:
             # after the response: a short-lived instance loses no span, the client waits for none
             await anyio.to_thread.run_sync(self.tracing.flush)
+
+    async def _overdue(self, interrupt: _Interrupt) -> None:
+        """A request was cancelled (deadline or disconnect): answer a deadline now, whatever
+        its task does, and count a task that still runs after STUCK_AFTER as stuck (its
+        request ends here: the slot and the queue place are given back)."""
+        task = interrupt.task
+        assert task is not None
+        if interrupt.reason == "deadline" and not interrupt.responded and not task.done():
+            message = f"the request did not finish within its {self._timeout:g}s deadline"
+            interrupt.late = message
+            body = self.function.failure(errors.DEADLINE_EXCEEDED, message)
+            with contextlib.suppress(Exception):  # the client may be gone
+                await _send(interrupt._asgi_send, 504, body)
+        await asyncio.wait((task,), timeout=interrupt.STUCK_AFTER)
+        if task.done():
+            return
+        interrupt.abandoned = True
+        interrupt.give_back_slot()
+        self.admission.leave()
+        self.stuck_tasks += 1
+        if interrupt.late:
+            status, code, message = 504, errors.DEADLINE_EXCEEDED, interrupt.late
+        else:
+            status, code = 499, errors.CLIENT_DISCONNECTED
+            message = "client disconnected; processing was cancelled"
+        self._finish(
+            interrupt.scope, interrupt.started, status, code, message, interrupt.input_data
+        )
+        log.warning(
+            "process() ignores its cancellation and runs on %gs after its request was "
+            "cancelled; it stays cancelled and is counted as stuck until it ends (%d stuck now)",
+            interrupt.STUCK_AFTER,
+            self.stuck,
+        )
+
+    def _stuck_task_ended(self, interrupt: _Interrupt) -> None:
+        self.stuck_tasks -= 1
+        log.warning("a stuck async process() ended after %.1fs", perf_counter() - interrupt.started)
 
     async def _traced_process(self, scope: dict[str, Any], input_data: Any) -> bytes:
         assert self.tracing is not None
@@ -252,34 +368,84 @@ class FunctionApp:
         elif self._request_log.wants(elapsed):
             self._request_log.success(scope, elapsed, input_data)
 
+    async def _receive_body(
+        self, scope: dict[str, Any], receive: Any, send: Any, started: float
+    ) -> bytes | None:
+        """The request's whole body, held within the worker's body budget (released by the
+        caller); None when it was answered instead (408, 413, 503) or the client left."""
+        try:
+            return await self._read_body(scope, receive)
+        except RequestError as exc:
+            extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: body left unread
+            await _send(send, exc.status, exc.body, extra)
+            self._finish(scope, started, exc.status, exc.code, str(exc), None)
+        except _ClientGone:
+            message = "client disconnected while sending"
+            self._finish(scope, started, 499, errors.CLIENT_DISCONNECTED, message, None)
+        return None
+
     async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        """Read within --body-timeout, and hold (in the admission's body budget) what the
+        Content-Length announces, or else each chunk as it arrives."""
         max_body = self._max_body
+        admission = self.admission
+        held = 0
         for name, value in scope["headers"]:
             if name == b"content-length":
-                if int(value) > max_body:
+                held = int(value)
+                if held > max_body:
                     raise _too_large(max_body)
                 break
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _ClientGone
-        body = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(body) > max_body:
-                raise _too_large(max_body)
-            return body
-        chunks = [body]
-        size = len(body)
-        while True:
+        chunked = held == 0
+        if not admission.hold_body(held):
+            raise _over_budget(admission.buffered)
+        timer = _BodyTimer(self._body_timeout)
+        try:
             message = await receive()
             if message["type"] != "http.request":
                 raise _ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > max_body:
-                raise _too_large(max_body)
-            chunks.append(chunk)
+            body = message.get("body", b"")
+            if chunked:
+                held = self._hold_more(held, len(body))
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                if len(body) > max_body:
+                    raise _too_large(max_body)
+                return body
+            chunks = [body]
+            size = len(body)
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_body:
+                    raise _too_large(max_body)
+                if chunked:
+                    held = self._hold_more(held, len(chunk))
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        except asyncio.CancelledError:
+            admission.release_body(held)
+            if not timer.expired:
+                raise
+            timer.absorb()
+            raise RequestError(
+                408,
+                errors.REQUEST_TIMEOUT,
+                f"request body not received within {self._body_timeout:g}s (--body-timeout)",
+            ) from None
+        except BaseException:
+            admission.release_body(held)
+            raise
+        finally:
+            timer.cancel()
+
+    def _hold_more(self, held: int, size: int) -> int:
+        if not self.admission.hold_body(size):
+            raise _over_budget(self.admission.buffered)
+        return held + size
 
     # --- the trainer protocols (runtime.trainers) -----------------------------------
 
@@ -316,13 +482,17 @@ class FunctionApp:
     # --- everything else -------------------------------------------------------------
 
     async def _health(self, request: Request) -> Response:
-        body = orjson.dumps({"status": self.state, **self._health_fields})
-        return Response(body, 200 if self.state == READY else 503, media_type="application/json")
+        state = self.state
+        reason = self.unhealthy_reason() if state == READY else ""
+        if reason:  # set up, but cannot serve: a broken pool, or every thread stuck
+            body = orjson.dumps({"status": UNHEALTHY, "reason": reason, **self._health_fields})
+            return Response(body, 503, media_type="application/json")
+        body = orjson.dumps({"status": state, **self._health_fields})
+        return Response(body, 200 if state == READY else 503, media_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
-        body = await anyio.to_thread.run_sync(
-            self.metrics.exposition
-        )  # reads files when multiprocess
+        # anyio's default threads: user code never runs there, so this never waits behind it
+        body = await anyio.to_thread.run_sync(self.metrics.exposition)  # reads files
         return Response(body, 200, media_type=CONTENT_TYPE_LATEST)
 
     async def _method_not_allowed(self, request: Request) -> Response:
@@ -334,19 +504,56 @@ class _Interrupt:
 
     Cheaper than a cancel scope and a watcher task per request: a timer for the
     deadline, and a second one that starts watching for a disconnect only once the
-    request has run for a while (most requests are answered long before).
+    request has run for a while (most requests are answered long before). Once fired,
+    it cancels the task again every ``RECANCEL`` seconds until user code has ended (as an
+    anyio cancel scope would), and ``FunctionApp._overdue`` answers a deadline at once
+    whatever the task does. The request's responses go through ``send``, which drops
+    them once that 504 has gone out.
     """
 
-    __slots__ = ("_deadline", "_loop", "_task", "_watch_timer", "_watcher", "reason")
+    __slots__ = (
+        "_app",
+        "_asgi_send",
+        "_deadline",
+        "_loop",
+        "_recancel",
+        "_watch_timer",
+        "_watcher",
+        "abandoned",
+        "in_slot",
+        "input_data",
+        "late",
+        "reason",
+        "responded",
+        "scope",
+        "started",
+        "task",
+    )
     WATCH_AFTER = 0.5  # seconds; a disconnect is noticed within this much
+    RECANCEL = 0.05  # seconds between cancellations of a task that ignores them
+    STUCK_AFTER = 1.0  # seconds a cancelled task may take to end before it counts as stuck
 
-    def __init__(self, timeout: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
+    def __init__(self, app: FunctionApp, send: Any, scope: dict[str, Any], started: float) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self._app = app
+        self._asgi_send = send
+        self.scope = scope
+        self.started = started
+        self.input_data: Any = None
         self.reason = ""
-        self._deadline = self._loop.call_later(timeout, self._fire, "deadline")
+        self.late = ""  # the message of the 504 that _overdue sent, if it did
+        self.responded = self.in_slot = self.abandoned = False
+        self._deadline = loop.call_later(app._timeout, self._fire, "deadline")
+        self._recancel: asyncio.TimerHandle | None = None
         self._watch_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.late:
+            return  # the client has its 504 already
+        self.responded = True
+        await self._asgi_send(message)
 
     def watch(self, receive: Any) -> None:
         self._watch_timer = self._loop.call_later(self.WATCH_AFTER, self._start_watcher, receive)
@@ -360,18 +567,43 @@ class _Interrupt:
         self._fire("disconnect")
 
     def _fire(self, reason: str) -> None:
-        if not self.reason and self._task is not None:
-            self.reason = reason
-            self._task.cancel()
+        if self.reason or self.responded or self.task is None:
+            return
+        self.reason = reason
+        self._cancel()
+        self._loop.create_task(self._app._overdue(self))
+
+    def _cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            self._recancel = self._loop.call_later(self.RECANCEL, self._cancel)
+
+    def stop(self) -> None:
+        """User code has ended: no deadline and no cancelling any more."""
+        self._deadline.cancel()
+        if self._recancel is not None:
+            self._recancel.cancel()
+
+    def release_slot(self) -> None:
+        self.stop()
+        self.give_back_slot()
+
+    def give_back_slot(self) -> None:
+        if self.in_slot:
+            self.in_slot = False
+            self._app.admission.release_slot()
 
     def absorb(self) -> None:
-        """The cancellation was ours: let the task go on to answer."""
-        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
-        if uncancel is not None:
-            uncancel()
+        """The cancellation was ours, or the server's at stop: let the task go on to answer."""
+        self.stop()
+        task = self.task
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        if task is not None and cancelling is not None:
+            for _ in range(cancelling()):
+                task.uncancel()
 
     def close(self) -> None:
-        self._deadline.cancel()
+        self.stop()
         if self._watch_timer is not None:
             self._watch_timer.cancel()
         if self._watcher is not None and not self._watcher.done():
@@ -394,19 +626,51 @@ def _trainer_routes(app: FunctionApp) -> list[Route]:
     return TrainerRoutes(app).routes
 
 
+class _BodyTimer:
+    """Cancels the reading task when its body is late; one timer, no cancel scope."""
+
+    __slots__ = ("_handle", "_task", "expired")
+
+    def __init__(self, timeout: float) -> None:
+        self._task = asyncio.current_task()
+        self.expired = False
+        self._handle = asyncio.get_running_loop().call_later(timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def absorb(self) -> None:
+        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _over_budget(buffered: int) -> RequestError:
+    return RequestError(
+        503,
+        errors.OVERLOADED,
+        f"this worker already holds {buffered} bytes of request bodies (--max-buffered); "
+        "retry later",
+    )
+
+
 def _too_large(limit: int) -> RequestError:
     return RequestError(413, errors.BODY_TOO_LARGE, f"request body is larger than {limit} bytes")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    path = request.scope["path"]  # never request.url: that is built from the Host header
+    path = path if len(path) <= 200 else path[:200] + "..."
     if exc.status_code == 404:
-        code, message = errors.NOT_FOUND, f"no such endpoint: {request.url.path}"
+        code, message = errors.NOT_FOUND, f"no such endpoint: {path}"
     elif exc.status_code == 405:
-        code, message = (
-            errors.METHOD_NOT_ALLOWED,
-            f"{request.method} is not allowed on {request.url.path}",
-        )
+        code, message = errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {path}"
     else:
         code, message = f"HTTP_{exc.status_code}", str(exc.detail)
     return Response(
@@ -418,6 +682,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("internal error on %s", request.url.path, exc_info=exc)
+    log.error("internal error on %s", request.scope["path"][:200], exc_info=exc)
     body = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
     return Response(body, 500, media_type="application/json")

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["OPTIONS", "Settings", "SettingsError", "add_options", "resolve"]
@@ -29,18 +29,24 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8000
     workers: int = 1
+    heartbeat_timeout: float = 30.0
     concurrency: int = 128
     queue: int = 256
     threads: int = 32
     timeout: float = 600.0
     grace: float = 30.0
     max_body: int = 10 * 1024 * 1024
+    max_buffered: int = 8 * 10 * 1024 * 1024  # 8 x max_body unless given
+    body_timeout: float = 10.0
+    max_connections: int = 1024
     log_level: str = "info"
+    log_format: str = "text"
     access_log: bool = False
     slow_request: float = 10.0
     tracing: bool = False
     isolation: str = "thread"
-    processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    processes: int = 0  # 0: the CPUs this process may use (affinity, cgroup quota)
+    sub_reward_errors: str = "zero"
     # the trainer protocols (runtime.trainers)
     trainer_errors: str = "reward"
     trainer_timeout: float = 100.0
@@ -112,6 +118,13 @@ def _isolation(text: str) -> str:
     return lowered
 
 
+def _sub_reward_errors(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("zero", "fail"):
+        raise ValueError("must be zero or fail")
+    return lowered
+
+
 def _trainer_errors(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in ("reward", "error"):
@@ -124,6 +137,13 @@ def _prefix(text: str) -> str:
     if prefix and not prefix.startswith("/"):
         raise ValueError("must start with /")
     return prefix
+
+
+def _log_format(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("text", "json"):
+        raise ValueError("must be text or json")
+    return lowered
 
 
 def _level(text: str) -> str:
@@ -155,6 +175,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--port", "port", ("PORT", "SERVER_PORT"), _int(0), "port to bind"),
     Option("--workers", "workers", ("WORKERS_COUNT",), _int(1),
            "worker processes; each runs setup() and has its own slots, queue and threads", "N"),
+    Option("--heartbeat-timeout", "heartbeat_timeout", ("HEARTBEAT_TIMEOUT",), _seconds,
+           "with --workers N: a worker whose event loop has not run for this long (sync code "
+           "blocking an async def) is killed and replaced", "SECONDS"),
     Option("--concurrency", "concurrency", ("CONCURRENCY",), _int(1),
            "requests processed at once per worker", "N"),
     Option("--queue", "queue", ("THREAD_POOL_QUEUE",), _int(0),
@@ -164,15 +187,32 @@ OPTIONS: tuple[Option, ...] = (
     Option("--isolation", "isolation", ("ISOLATION",), _isolation,
            "where sync user code runs: thread (a shared pool) or process (child processes; "
            "a call past its deadline is killed and its child replaced)", "{thread,process}"),
-    Option("--processes", "processes", ("ISOLATION_PROCESSES",), _int(1),
-           "child processes per worker with --isolation process", "N"),
+    Option("--processes", "processes", ("ISOLATION_PROCESSES",), _int(0),
+           "child processes per worker with --isolation process; 0: as many as the CPUs "
+           "this process may use (CPU affinity and cgroup quota)", "N"),
+    Option("--sub-reward-errors", "sub_reward_errors", ("SUB_REWARD_ERRORS",), _sub_reward_errors,
+           "a sub-reward that raises: zero (scores 0, the result succeeds, as in the SDK) or "
+           "fail (the whole result fails with SUB_REWARD_ERROR); logged and counted either way",
+           "{zero,fail}"),
     Option("--timeout", "timeout", ("REQUEST_TIMEOUT",), _seconds,
            "per-request deadline in seconds, queueing included; then 504", "SECONDS"),
     Option("--grace", "grace", ("GRACE_PERIOD",), _seconds,
            "on SIGTERM, how long requests in flight may take to finish", "SECONDS"),
     Option("--max-body", "max_body", ("MAX_BODY_BYTES",), _int(1),
            "largest request body in bytes; beyond it, 413", "BYTES"),
+    Option("--max-buffered", "max_buffered", ("MAX_BUFFERED_BYTES",), _int(1),
+           "request-body bytes a worker holds at once (bodies being received or served); "
+           "beyond it, 503 + Retry-After; 8 x --max-body unless given", "BYTES"),
+    Option("--body-timeout", "body_timeout", ("BODY_TIMEOUT",), _seconds,
+           "seconds a client has to send a request's headers, and then its body; "
+           "then 408 and the connection is closed", "SECONDS"),
+    Option("--max-connections", "max_connections", ("MAX_CONNECTIONS",), _int(1),
+           "open connections per worker (kept below the open-files limit); beyond it, "
+           "a new connection is answered 503 and closed", "N"),
     Option("--log-level", "log_level", ("LOG_LEVEL",), _level, "debug, info, warning or error"),
+    Option("--log-format", "log_format", ("LOG_FORMAT",), _log_format,
+           "text lines, or json: one JSON object per line, the request's ids as fields",
+           "{text,json}"),
     Option("--access-log", "access_log", ("ACCESS_LOG",), _bool,
            "log every request, not only failed and slow ones", "{true,false}", bare=True),
     Option("--tracing", "tracing", ("ENABLE_TRAJECTORY",), _bool,
@@ -238,4 +278,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     quiet = environ.get("ENABLE_LOGGING", "").strip().lower() in ("false", "0", "no", "off")
     if quiet and getattr(args, "log_level", None) is None:
         values["log_level"] = max(values.get("log_level", "info"), "warning", key=_LEVELS.index)
+    max_body = values.get("max_body", _DEFAULTS.max_body)
+    values.setdefault("max_buffered", 8 * max_body)
+    if values["max_buffered"] < max_body:
+        raise SettingsError("--max-buffered must be at least --max-body (one whole body)")
     return Settings(**values)

@@ -7,19 +7,25 @@ is decided here at startup, not per request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from processors_base import dispatch
 from processors_base.models import BaseDataModel, TaskStatus
+from processors_base.redaction import Secrets, request_secrets
+from processors_base.redaction import redact as redact_text
+from processors_base.rewards import SubRewardErrors
 from runtime import errors
+from runtime.finite import finder_for
 from runtime.loading import Target
-from runtime.offload import ProcessOffload, ThreadOffload
+from runtime.offload import ProcessOffload, ThreadOffload, UserThreads
 
 __all__ = ["Function", "ProcessorFailure", "RequestError"]
 
@@ -42,12 +48,13 @@ class ProcessorFailure(Exception):
         self.code = code
 
 
-async def run_user_code(func: Callable[..., Any], *args: Any) -> Any:
+async def run_user_code(
+    func: Callable[..., Any], *args: Any, threads: UserThreads | None = None
+) -> Any:
     """Await async user code on the loop; run sync user code in the bounded thread pool."""
-    if inspect.iscoroutinefunction(func):
-        return await func(*args)
-    result = await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=True)
-    return await result if inspect.isawaitable(result) else result
+    return await dispatch.call_function(
+        func, *args, run_sync=threads.run_hook if threads is not None else None
+    )
 
 
 class Function:
@@ -57,6 +64,8 @@ class Function:
         *,
         isolation: str = "thread",
         processes: int = 1,
+        threads: int = 32,
+        sub_reward_errors: str = "zero",
     ) -> None:
         self.target = target
         self.func_type = target.func_type
@@ -64,19 +73,24 @@ class Function:
         self.output_model = target.output_model
         try:
             self.processor = target.cls()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in __init__: a failed setup too
             raise ProcessorFailure(
                 errors.SETUP_FAILED, f"{target.name}() failed: {type(exc).__name__}: {exc}"
             ) from exc
-        process = self.processor.process
-        self._process_is_async = inspect.iscoroutinefunction(process)
-        self._process = process
+        # Only decides where setup() runs with process isolation; each call decides anew.
+        self._process_is_async = inspect.iscoroutinefunction(self.processor.process)
         self._validate = self.input_model.model_validate
         self._func_type_value = self.func_type.value
         self.failure_template = _failure_template(self.output_model)
+        self._non_finite = finder_for(self.output_model)
+        # How a failed sub-reward counts (see processors_base.rewards); the app adds its counter.
+        self.sub_reward_errors = SubRewardErrors(sub_reward_errors)
+        with contextlib.suppress(AttributeError):
+            self.processor._runtime_sub_reward_errors = self.sub_reward_errors
         self._isolation = isolation
         self._processes = processes
-        self.offload: ThreadOffload | ProcessOffload = ThreadOffload(self.processor)
+        self.threads = UserThreads(threads)  # sync user code only; never runtime internals
+        self.offload: ThreadOffload | ProcessOffload = ThreadOffload(self.processor, self.threads)
         self._attach(self.offload)
 
     def _attach(self, offload: ThreadOffload | ProcessOffload) -> None:
@@ -98,15 +112,17 @@ class Function:
                         self.target.spec,
                         str(self.target.workspace),
                         self.func_type.value,
-                        self._processes,
+                        self._processes or usable_cpus(),
                     )
                 )
                 await self.offload.ready()
                 if not self._process_is_async:
                     return  # all of process() runs in the children: no setup() here
             if setup is not None:
-                await run_user_code(setup)
-        except Exception as exc:
+                await run_user_code(setup, threads=self.threads)
+        except BaseException as exc:  # sys.exit() in setup() is a failed setup too
+            if _cancelled(exc):
+                raise
             raise ProcessorFailure(
                 errors.SETUP_FAILED,
                 f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}",
@@ -116,8 +132,11 @@ class Function:
         try:
             shutdown = getattr(self.processor, "shutdown", None)  # the SDK's bases have none
             if run_hook and shutdown is not None:
-                await run_user_code(shutdown)
+                await run_user_code(shutdown, threads=self.threads)
         finally:
+            close_executor = getattr(self.processor, "close_executor", None)
+            if close_executor is not None:  # a shutdown() override may not call super()
+                close_executor()
             await self.offload.close()
 
     # --- the request path ------------------------------------------------------------
@@ -145,7 +164,7 @@ class Function:
             raise RequestError(
                 422,
                 errors.FUNC_TYPE_MISMATCH,
-                f"func_type {sent_type!r} in the body does not match this function's type "
+                f"func_type {_shown(sent_type)} in the body does not match this function's type "
                 f"{self._func_type_value!r}",
             )
         try:
@@ -165,13 +184,10 @@ class Function:
     async def call(self, input_data: BaseDataModel) -> Any:
         """Run the processor on one input; what it returned, or ProcessorFailure."""
         try:
-            if self._process_is_async:
-                result = await self._process(input_data)
-            else:
-                result = await self.offload("process", input_data)
-                if inspect.isawaitable(result):
-                    result = await result
-        except Exception as exc:
+            result = await dispatch.call(self.processor, "process", input_data, self.offload)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a failed request
+            if _cancelled(exc):
+                raise
             message = f"{type(exc).__name__}: {exc}"
             raise ProcessorFailure(errors.PROCESSOR_ERROR, redact(message, input_data)) from exc
         return result
@@ -180,6 +196,13 @@ class Function:
         output_model = self.output_model
         if not isinstance(result, output_model):
             result = self._coerce(result)
+        found = self._non_finite(result)
+        if found is not None:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT,
+                f"process() returned a non-finite number in {found[0]} ({found[1]}): "
+                "JSON has no NaN or Infinity",
+            )
         try:
             return result.__pydantic_serializer__.to_json(result)
         except Exception as exc:
@@ -209,16 +232,32 @@ class Function:
 
     def failure(self, code: str, message: str) -> bytes:
         """The output shape with status "failed", for a request the processor could not serve."""
-        return orjson.dumps({**self.failure_template, "error": message, "error_code": code})
+        return orjson.dumps({**self.failure_template, **errors.fields(code, message)})
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity and the cgroup (v1 or v2) CPU quota,
+    not the host's count (64 children in a 2-CPU container would each run setup())."""
+    import loky  # only with --isolation process
+
+    return max(1, loky.cpu_count())
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is this task being cancelled (a deadline, a disconnect, the server
+    stopping), as opposed to user code raising CancelledError of its own."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is None or cancelling() > 0
 
 
 def redact(message: str, input_data: Any) -> str:
-    """Blank the request's own api_key out of a message before it leaves the process."""
-    api_key = getattr(getattr(input_data, "model_resource", None), "api_key", None)
-    secret = api_key.get_secret_value() if api_key is not None else ""
-    if secret and secret in message:
-        message = message.replace(secret, "**********")
-    return message
+    """Blank the request's own api_key (plain, URL-encoded or base64) and credentials
+    (Authorization, Bearer, URL userinfo) out of a message before it leaves the process."""
+    secrets = request_secrets.get() or Secrets.of(input_data)  # the app bound them already
+    return redact_text(message, secrets, marker="**********")
 
 
 def _failure_template(output_model: type[BaseModel]) -> dict[str, Any]:
@@ -236,6 +275,18 @@ def _failure_template(output_model: type[BaseModel]) -> dict[str, Any]:
         )
     template["status"] = TaskStatus.FAILED.value
     return template
+
+
+def _shown(value: Any) -> str:
+    # A wrong func_type is echoed only when it is a short plain word: anything else may be
+    # (or hold) a secret sent in the wrong field, and is named by its JSON kind.
+    if isinstance(value, str) and _PLAIN_WORD.fullmatch(value):
+        return repr(value)
+    kind = "an object" if isinstance(value, dict) else _json_kind(value)
+    return f"({kind}, not shown)"
+
+
+_PLAIN_WORD = re.compile(r"[A-Za-z_]{1,32}")
 
 
 def _json_kind(value: Any) -> str:

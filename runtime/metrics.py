@@ -103,6 +103,12 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=owned,
         )
+        self._sub_reward_failures = Counter(
+            "rl_function_sub_reward_failures",
+            "Sub-rewards that raised or returned a failed or non-finite result.",
+            ["sub_reward"],
+            registry=owned,
+        )
         self._by_status: dict[int, Counter] = {}
 
     def observe(self, status: int, seconds: float) -> None:
@@ -117,6 +123,9 @@ class Metrics:
             self.timeouts.inc()
         elif status == 500:
             self.processor_errors.inc()
+
+    def sub_reward_failed(self, name: str) -> None:
+        self._sub_reward_failures.labels(name).inc()
 
     def refresh(self) -> None:
         in_flight, queued, stuck = self._gauges()

@@ -9,20 +9,26 @@ signal-initiated stop exits 0 instead of re-raising the signal after shutdown.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import socket
 import sys
+import threading
 from typing import Any
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from runtime.app import FunctionApp
+import runtime.logs
+from runtime.app import SHUTDOWN_HOOK_LIMIT, FunctionApp
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure
 from runtime.loading import TargetError, load_target
 from runtime.logs import setup_logging
-from runtime.supervisor import supervise
+from runtime.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
+from runtime.supervisor import Heartbeat, supervise
 from runtime.tracing import Tracing
 
 __all__ = ["Server", "run_worker", "serve"]
@@ -30,8 +36,17 @@ __all__ = ["Server", "run_worker", "serve"]
 log = logging.getLogger("runtime")
 
 
+# A worker that cannot serve (every thread stuck) and stops itself so that the supervisor of
+# --workers replaces it; a supervisor treats it like any other exit: start a fresh worker.
+EXIT_UNHEALTHY = 4
+STOP_SLACK = 5.0  # seconds, on top of the bounds of each stage of a stop
+
+
 class Server(uvicorn.Server):
     exit_code = 0
+    _watchdog: threading.Timer | None = None
+    heartbeat: Heartbeat | None = None  # a supervised worker's, beaten by its event loop
+    _beating: asyncio.Task[None] | None = None
 
     def _function_app(self) -> FunctionApp | None:
         app: Any = getattr(self.config, "loaded_app", None)
@@ -43,6 +58,13 @@ class Server(uvicorn.Server):
         app = self._function_app()
         if app is not None:
             app.on_fatal = self._fatal
+            app.on_unhealthy = self._unhealthy
+        heartbeat = self.heartbeat
+        if heartbeat is not None:  # beats on until the loop ends, through the drain
+            state = (lambda: app.state) if app is not None else (lambda: "healthy")
+            if app is not None:  # a worker that dies right after it is ready is no crash loop
+                app.on_ready = lambda: heartbeat.beat(state())
+            self._beating = asyncio.get_running_loop().create_task(heartbeat.keep_beating(state))
         await super().startup(sockets=sockets)
 
     async def _serve(self, sockets: list[socket.socket] | None = None) -> None:
@@ -54,16 +76,61 @@ class Server(uvicorn.Server):
         app = self._function_app()
         if app is not None:
             app.begin_drain()
+        self._arm_watchdog()
         super().handle_exit(sig, frame)
 
     def _fatal(self) -> None:
         self.exit_code = STARTUP_FAILURE
         self.should_exit = True
+        self._arm_watchdog()
+
+    def _unhealthy(self) -> None:
+        self.exit_code = EXIT_UNHEALTHY
+        self.should_exit = True
+        self._arm_watchdog()
+
+    def _arm_watchdog(self) -> None:
+        # The stop is bounded whatever user code does: requests get --grace, then shutdown()
+        # and the tracing export their own bounds; past all that, the process exits anyway.
+        if self._watchdog is None:
+            limit = self.config.timeout_graceful_shutdown or 0
+            limit += SHUTDOWN_HOOK_LIMIT + 10 + STOP_SLACK
+            self._watchdog = threading.Timer(limit, self._overran, (limit,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _overran(self, limit: float) -> None:
+        app = self._function_app()
+        unanswered = app.admission.admitted if app is not None else 0
+        log.error(
+            "still stopping %gs after the stop began (%d accepted requests unanswered): "
+            "exiting now",
+            limit,
+            unanswered,
+        )
+        _exit_now(self.exit_code or (1 if unanswered else 0))
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         super().run(sockets)
+        stuck = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
+        stuck = [name for name in stuck if name != threading.current_thread().name]
+        if stuck:  # a non-daemonic thread (a stuck call of user code) would keep us alive
+            log.warning("exiting with %d threads still running: %s", len(stuck), ", ".join(stuck))
+            _exit_now(self.exit_code)
         if self.exit_code:
             sys.exit(self.exit_code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit at once, leaving running threads behind, but not the log lines still queued."""
+    listener = getattr(runtime.logs, "_listener", None)
+    if listener is not None:
+        with contextlib.suppress(Exception):
+            listener.stop()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Config:
@@ -77,22 +144,53 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
         server_header=False,
         log_config=None,  # logging is set up by runtime.logs
         timeout_graceful_shutdown=int(settings.grace + 0.999),
+        # Hostile or broken clients: header limits and deadlines, a connection cap and JSON
+        # error answers (runtime.protocol); an idle keep-alive connection closes after 5 s.
+        http=protocol_class(
+            max_connections=connection_cap(settings.max_connections),
+            read_timeout=settings.body_timeout,
+        ),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
         **extra,
     )
 
 
-def run_worker(settings: Settings, sock: socket.socket | None = None) -> None:
+def _bind(settings: Settings) -> socket.socket:
+    """The listening socket, bound before anything is loaded; exit 2 if the address is taken."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        sock = socket.create_server((settings.host, settings.port), family=family, backlog=2048)
+    except OSError as exc:
+        log.error("cannot listen on %s port %d: %s", settings.host, settings.port, exc.strerror)
+        sys.exit(2)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_worker(
+    settings: Settings, sock: socket.socket | None = None, heartbeat: Heartbeat | None = None
+) -> None:
     """Serve in this process: on ``sock`` (a supervised worker) or by binding the port."""
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
+    if sock is None:
+        sock = _bind(settings)
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
-        function = Function(target, isolation=settings.isolation, processes=settings.processes)
+        function = Function(
+            target,
+            isolation=settings.isolation,
+            processes=settings.processes,
+            threads=settings.threads,
+            sub_reward_errors=settings.sub_reward_errors,
+        )
         tracing = Tracing(target.func_type.value, target.name) if settings.tracing else None
         app = FunctionApp(function, settings, tracing)
     except (TargetError, ProcessorFailure) as exc:
         log.error("%s", exc)
         sys.exit(STARTUP_FAILURE)
-    Server(_uvicorn_config(app, settings)).run(sockets=[sock] if sock is not None else None)
+    server = Server(_uvicorn_config(app, settings))
+    server.heartbeat = heartbeat
+    server.run(sockets=[sock])
 
 
 def serve(settings: Settings) -> None:
@@ -100,7 +198,6 @@ def serve(settings: Settings) -> None:
     if settings.workers == 1:
         run_worker(settings)
         return
-    config = _uvicorn_config(None, settings)
-    code = supervise(settings, config.bind_socket())
+    code = supervise(settings, _bind(settings))
     if code:
         sys.exit(code)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
+import logging
 import threading
 import time
 
@@ -19,6 +22,7 @@ from processors_base import (
     reward_func,
     sub_reward_func,
 )
+from processors_base.rewards import SubRewardErrors, registry_of
 
 INPUT = RewardInput(agent_output={"messages": [{"role": "assistant", "content": "42"}]})
 
@@ -174,17 +178,11 @@ def test_sub_rewards_may_return_plain_numbers_or_dicts():
             return "high"
 
     result = run(Loose())
-    assert result.reward.reward_metrics == {"n": 0.5, "d": 0.25, "x": 0.0}
+    assert result.reward.reward_metrics == {"n": 0.5, "d": 0.25, "x": 0.0, "x.failed": 1.0}
     assert result.reward.reward_score == 0.75
 
 
 def test_decorator_misuse_is_reported():
-    with pytest.raises(TypeError, match="no @sub_reward_func"):
-
-        @reward_func("empty")
-        class Empty(AbstractRewardProcessor):
-            pass
-
     with pytest.raises(TypeError, match="AbstractRewardProcessor"):
 
         @reward_func("plain")
@@ -208,3 +206,201 @@ def test_undecorated_subclass_without_process_is_abstract():
 
     with pytest.raises(TypeError):
         Forgot()
+
+
+# --- failures are visible; overrides follow attribute lookup; the decorator wins ---------
+
+
+@reward_func("judged")
+class Judged(AbstractRewardProcessor):
+    @sub_reward_func("format", sub_weight=0.2)
+    def format_ok(self, input_data: RewardInput) -> RewardOutput:
+        return out(1.0)
+
+    @sub_reward_func("judge", sub_weight=0.8)
+    async def judge(self, input_data: RewardInput) -> RewardOutput:
+        raise ConnectionError("judge timed out")
+
+
+def test_a_failed_sub_reward_is_marked_logged_once_and_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str] = []
+    processor = Judged()
+    processor._runtime_sub_reward_errors = SubRewardErrors(on_failure=seen.append)
+    with caplog.at_level(logging.ERROR):
+        results = [run(processor) for _ in range(3)]
+    for result in results:
+        assert result.status is TaskStatus.SUCCESS  # the SDK's semantics: it scores 0
+        assert result.reward.reward_score == pytest.approx(0.2)
+        assert result.reward.reward_metrics == {"format": 1.0, "judge": 0.0, "judge.failed": 1.0}
+    assert seen == ["judge", "judge", "judge"]
+    logged = [r for r in caplog.records if "judge" in r.getMessage()]
+    assert len(logged) == 1  # rate-limited per sub-reward name
+    assert logged[0].levelno == logging.ERROR and logged[0].exc_info is not None
+    assert "sub-reward 'judge' of Judged failed" in logged[0].getMessage()
+
+
+def test_without_a_runtime_a_failed_sub_reward_is_still_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.ERROR):
+        result = run(Judged())
+    assert result.reward.reward_metrics["judge.failed"] == 1.0
+    assert any("judge timed out" in r.getMessage() for r in caplog.records)
+
+
+def test_fail_mode_fails_the_result_naming_each_failed_sub_reward() -> None:
+    @reward_func("two_broken")
+    class TwoBroken(Judged):
+        @sub_reward_func("sandbox")
+        def sandbox(self, input_data: RewardInput) -> RewardOutput:
+            raise OSError("sandbox unreachable")
+
+        @aggregate_func
+        def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:
+            raise AssertionError("the aggregate would only see fake zeros")
+
+    processor = TwoBroken()
+    processor._runtime_sub_reward_errors = SubRewardErrors(mode="fail")
+    result = run(processor)
+    assert result.status is TaskStatus.FAILED
+    assert result.error_code == "SUB_REWARD_ERROR"
+    assert "'judge'" in result.error and "judge timed out" in result.error
+    assert "'sandbox'" in result.error and "sandbox unreachable" in result.error
+    assert "'format'" not in result.error
+
+
+def test_an_unknown_sub_reward_errors_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="zero or fail"):
+        SubRewardErrors(mode="ignore")
+
+
+def test_the_decorator_wins_over_a_placeholder_process() -> None:
+    @reward_func("placeholder")
+    class Placeholder(AbstractRewardProcessor):
+        @sub_reward_func("answer", sub_weight=0.8)
+        def answer(self, input_data: RewardInput) -> RewardOutput:
+            return out(1.0)
+
+        def process(self, input_data: RewardInput) -> RewardOutput:
+            return out(0.0)
+
+    assert run(Placeholder()).reward.reward_score == pytest.approx(0.8)
+
+
+@reward_func("base")
+class Base(AbstractRewardProcessor):
+    @sub_reward_func("a")
+    def a(self, input_data: RewardInput) -> RewardOutput:
+        return out(1.0)
+
+    @sub_reward_func("b")
+    def b(self, input_data: RewardInput) -> RewardOutput:
+        return out(0.5)
+
+    @aggregate_func
+    def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:
+        return out(self.get_total(sub_rewards))
+
+
+def test_an_undecorated_async_override_of_a_sync_aggregate_is_awaited() -> None:
+    class Override(Base):
+        async def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:  # type: ignore[override]
+            await asyncio.sleep(0)
+            return out(10 * self.get_total(sub_rewards))
+
+    result = run(Override())
+    assert isinstance(result, RewardOutput)
+    assert result.reward.reward_score == 15.0
+
+
+def test_assigning_none_unregisters_a_sub_reward_or_the_aggregate() -> None:
+    class WithoutB(Base):
+        b = None
+
+    class WithoutAggregate(Base):
+        combine = None
+
+    assert WithoutB().get_weights() == {"a": 1.0}
+    assert run(WithoutB()).reward.reward_score == 1.0
+    result = run(WithoutAggregate())
+    assert result.reward.reward_score == 1.5
+    assert result.reward.reward_metrics == {"a": 1.0, "b": 0.5}  # the default weighted sum
+
+
+def test_an_undecorated_override_of_a_sub_reward_keeps_its_name_and_weight() -> None:
+    class Stricter(Weighted):
+        def sub_a(self, input_data: RewardInput) -> RewardOutput:
+            return out(0.0)
+
+    assert Stricter().get_weights() == {"a": 0.25, "sub_b": 0.75}
+    assert run(Stricter()).reward.reward_metrics == {"a": 0.0, "sub_b": 0.5}
+
+
+def test_a_sync_sub_reward_behind_an_async_wrapper_is_awaited() -> None:
+    def retrying(func):  # type: ignore[no-untyped-def]
+        @functools.wraps(func)
+        async def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    def to_thread(func):  # type: ignore[no-untyped-def]
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            # a sync def that returns a coroutine
+            return asyncio.sleep(0, result=func(*args, **kwargs))
+
+        return wrapper
+
+    @reward_func("wrapped")
+    class Wrapped(AbstractRewardProcessor):
+        @sub_reward_func("w")
+        @retrying
+        def w(self, input_data: RewardInput) -> RewardOutput:
+            return out(1.0)
+
+        @sub_reward_func("t")
+        @to_thread
+        def t(self, input_data: RewardInput) -> RewardOutput:
+            return out(1.0)
+
+    result = run(Wrapped())
+    assert result.reward.reward_metrics == {"w": 1.0, "t": 1.0}
+    assert result.reward.reward_score == 2.0
+
+
+def test_processor_id_and_no_sub_rewards_as_the_sdk_accepts() -> None:
+    @reward_func(processor_id="empty")
+    class Empty(AbstractRewardProcessor):
+        pass
+
+    assert registry_of(Empty).processor_id == "empty"
+    result = run(Empty())
+    assert result.status is TaskStatus.SUCCESS
+    assert result.reward.reward_score == 0.0 and result.reward.reward_metrics is None
+
+
+def test_reward_processors_have_a_working_executor() -> None:
+    @reward_func("offloading")
+    class Offloading(AbstractRewardProcessor):
+        @sub_reward_func("o")
+        async def o(self, input_data: RewardInput) -> RewardOutput:
+            loop = asyncio.get_running_loop()
+            name = await loop.run_in_executor(self.executor, lambda: threading.current_thread())
+            return out(float(name is not threading.main_thread()))
+
+    processor = Offloading()
+    assert run(processor).reward.reward_score == 1.0
+    assert isinstance(processor.executor, concurrent.futures.Executor)
+    executor = processor.executor
+    processor.close_executor()
+    with pytest.raises(RuntimeError):
+        executor.submit(int)
+    mine = concurrent.futures.ThreadPoolExecutor(1)
+    given = Offloading(executor=mine)
+    assert given.executor is mine
+    given.close_executor()  # not ours to shut down
+    assert mine.submit(int).result() == 0
+    mine.shutdown()

@@ -1,0 +1,60 @@
+"""One way to call user code, shared by ``process``, sub-rewards, aggregates and the hooks.
+
+Whether code is async is decided when it is called, from what attribute lookup finds
+then (never from a function a decorator wrapped, nor from what a parent class declared):
+an ``async def`` (or anything ``inspect`` sees as a coroutine function) is awaited on the
+event loop; anything else runs off the loop, and if it hands back an awaitable (a sync
+wrapper around async code) that is awaited on the loop too, so no coroutine is dropped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio.to_thread
+
+__all__ = ["Offload", "call", "call_function"]
+
+# A runtime's way to run sync user code off the loop: ``await offload(attr, arg)`` runs
+# ``getattr(processor, attr)(arg)`` (in a bounded thread pool, or a child process).
+Offload = Callable[[str, Any], Awaitable[Any]]
+
+
+async def call(owner: Any, attr: str, arg: Any, offload: Offload | None = None) -> Any:
+    """``owner.<attr>(arg)``: awaited on the loop if async, else run by ``offload``.
+
+    Without ``offload``, the one the runtime put on the instance (``_runtime_offload``)
+    is used, and failing that anyio's worker threads.
+    """
+    func = getattr(owner, attr)
+    if inspect.iscoroutinefunction(func):
+        return await func(arg)
+    if offload is None:
+        offload = getattr(owner, "_runtime_offload", None)
+    if offload is not None:
+        result = await offload(attr, arg)
+    else:
+        result = await anyio.to_thread.run_sync(func, arg, abandon_on_cancel=True)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def call_function(
+    func: Callable[..., Any],
+    *args: Any,
+    run_sync: Callable[..., Awaitable[Any]] | None = None,
+) -> Any:
+    """``func(*args)`` with the same rules; sync code runs by ``await run_sync(func, *args)``
+    (a runtime's bounded pool), or in anyio's worker threads."""
+    if inspect.iscoroutinefunction(func):
+        return await func(*args)
+    if run_sync is not None:
+        result = await run_sync(func, *args)
+    else:
+        result = await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=True)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
