@@ -4,10 +4,25 @@ Two environments:
 
 1. ``dashscope`` is not installed (the usual case in a function image). ``install()``
    appends an import finder that answers the SDK's module paths
-   (``dashscope.finetune.reinforcement...``) with modules holding this project's classes.
-   It sits at the *end* of ``sys.meta_path`` and is only installed when no real
-   ``dashscope`` can be found, so it never hides an installed SDK; nothing is written
-   to site-packages, and it lives only in a process that runs our code.
+   (``dashscope.finetune.reinforcement`` and every public module under it, see
+   ``runtime.sdk_alias``) with modules holding this project's implementation. It sits at
+   the *end* of ``sys.meta_path`` and is only installed when no real ``dashscope`` can be
+   found, so it never hides an installed SDK; nothing is written to site-packages, and it
+   lives only in a process that runs our code.
+
+   Only that subtree is provided; the rest of ``dashscope`` behaves as absent, so code
+   that probes for the optional SDK takes its "not installed" branch:
+
+   - ``importlib.util.find_spec("dashscope")`` stays None and ``import dashscope`` raises
+     ModuleNotFoundError, until something imports the SDK's subtree. Python cannot import
+     ``dashscope.finetune.reinforcement`` without modules for ``dashscope`` and
+     ``dashscope.finetune``, so the finder answers those two only while an import of the
+     subtree is under way (it looks at the import system's frames for the name asked).
+   - Once the subtree is imported, those two parents are in ``sys.modules``: a probe then
+     finds a ``dashscope`` module, but any attribute outside the subtree
+     (``dashscope.Generation``) raises AttributeError, and ``import dashscope.audio``
+     ModuleNotFoundError, each saying the SDK is not installed and that this is the
+     runtime's compatibility layer.
 
 2. ``dashscope`` is installed (a user's laptop). Their classes then derive from the
    SDK's own bases and may return the SDK's own output models. We *recognise* those
@@ -27,140 +42,79 @@ import importlib.machinery
 import importlib.util
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
-from processors_base import log, models, observability, processors, rewards
+from processors_base import models
 from processors_base.models import FunctionType
+from runtime.sdk_alias import MODULES, SDK, exports
 
 __all__ = ["SDK", "install", "installed", "recognise", "uninstall"]
 
-SDK = "dashscope.finetune.reinforcement"
+_ORIGIN = "runtime.sdk_compat"
+_PARENTS = ("dashscope", "dashscope.finetune")
+_FULL_NAMES = {SDK + relative for relative in MODULES}
+_PACKAGES = {n for n in _FULL_NAMES if any(o.startswith(n + ".") for o in _FULL_NAMES)}
 
 
-def _names(module: ModuleType, *names: str) -> dict[str, Any]:
-    return {name: getattr(module, name) for name in names}
-
-
-def _exports() -> dict[str, dict[str, Any]]:
-    bases = _names(
-        processors,
-        "AbstractRolloutProcessor",
-        "AbstractRewardProcessor",
-        "AbstractGroupRewardProcessor",
+def _absent(what: str) -> str:
+    return (
+        f"{what}: the DashScope SDK is not installed. This process runs agentic-rl-runtime, "
+        f"whose compatibility layer provides only {SDK} (pip install dashscope for the rest)"
     )
-    base_data = _names(
-        models,
-        "BaseDataModel",
-        "TaskStatus",
-        "ModelProtocol",
-        "ModelResource",
-        "RequestMetadata",
-        "AgentOutput",
-        "Task",
-        "Resource",
-    )
-    data = {
-        **base_data,
-        **_names(
-            models,
-            "RolloutInput",
-            "RolloutOutput",
-            "RewardInput",
-            "RewardOutput",
-            "Reward",
-            "GroupRewardInput",
-            "GroupRewardOutput",
-            "GroupReward",
-        ),
-    }
-    decorators = _names(rewards, "reward_func", "sub_reward_func", "aggregate_func")
-    tracing = _names(
-        observability,
-        "observe_processor",
-        "trace_client",
-        "untrace_client",
-        "trace_tool",
-        "observe_llm",
-        "observe_tool",
-    )
-    logger = {"logger": log.logger}
-    return {
-        "dashscope": {},
-        "dashscope.finetune": {},
-        SDK: {
-            **bases,
-            **data,
-            **decorators,
-            **logger,
-            "FunctionType": FunctionType,
-        },
-        f"{SDK}.common": logger,
-        f"{SDK}.common.log": logger,
-        f"{SDK}.common.model_types": {"FunctionType": FunctionType},
-        f"{SDK}.component": {},
-        f"{SDK}.component.processor": {**bases, "AbstractProcessor": processors.AbstractProcessor},
-        f"{SDK}.component.processor.abstract_processor": {
-            "AbstractProcessor": processors.AbstractProcessor,
-        },
-        f"{SDK}.component.processor.abstract_rollout_processor": _names(
-            processors, "AbstractRolloutProcessor"
-        ),
-        f"{SDK}.component.processor.abstract_reward_processor": _names(
-            processors, "AbstractRewardProcessor"
-        ),
-        f"{SDK}.component.processor.abstract_group_reward_processor": _names(
-            processors, "AbstractGroupRewardProcessor"
-        ),
-        f"{SDK}.component.data": data,
-        f"{SDK}.component.data.base_data_model": {**base_data, "FuncType": FunctionType},
-        f"{SDK}.component.data.rollout_input": _names(
-            models, "RolloutInput", "ModelResource", "RequestMetadata"
-        ),
-        f"{SDK}.component.data.rollout_output": _names(
-            models, "RolloutOutput", "AgentOutput", "TaskStatus"
-        ),
-        f"{SDK}.component.data.reward_input": _names(
-            models, "RewardInput", "AgentOutput", "RequestMetadata"
-        ),
-        f"{SDK}.component.data.reward_output": _names(
-            models, "Reward", "RewardOutput", "TaskStatus"
-        ),
-        f"{SDK}.component.data.group_reward_input": _names(
-            models, "GroupRewardInput", "AgentOutput", "RequestMetadata"
-        ),
-        f"{SDK}.component.data.group_reward_output": _names(
-            models, "GroupReward", "GroupRewardOutput", "Reward", "TaskStatus"
-        ),
-        f"{SDK}.component.func_decorator": decorators,
-        f"{SDK}.component.observability": tracing,
-    }
+
+
+def _parent_getattr(module_name: str) -> Any:
+    def __getattr__(name: str) -> NoReturn:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        raise AttributeError(_absent(f"{module_name}.{name} is not available"), name=name)
+
+    return __getattr__
+
+
+def _importing_the_subtree() -> bool:
+    """Whether an import of ``dashscope.finetune`` or below is under way: the import
+    system's own frames hold the name being imported."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "importlib._bootstrap":
+            name = frame.f_locals.get("name")
+            if isinstance(name, str) and (
+                name == _PARENTS[1] or name.startswith(_PARENTS[1] + ".")
+            ):
+                return True
+        frame = frame.f_back
+    return False
 
 
 class _SdkAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answers the SDK's module paths with modules holding our classes."""
-
-    def __init__(self) -> None:
-        self.modules = _exports()
-        self.packages = {
-            name for name in self.modules if any(o.startswith(name + ".") for o in self.modules)
-        }
+    """Answers the SDK's module paths with modules holding our implementation."""
 
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self.modules:
-            return None
-        return importlib.util.spec_from_loader(
-            fullname, self, origin="runtime.sdk_compat", is_package=fullname in self.packages
-        )
+        if fullname in _PARENTS:
+            if not _importing_the_subtree():
+                return None  # as if absent: a probe for the SDK finds nothing
+            return importlib.util.spec_from_loader(fullname, self, origin=_ORIGIN, is_package=True)
+        if fullname in _FULL_NAMES:
+            return importlib.util.spec_from_loader(
+                fullname, self, origin=_ORIGIN, is_package=fullname in _PACKAGES
+            )
+        if fullname.startswith(_PARENTS[0] + "."):  # only reached below our own parents
+            raise ModuleNotFoundError(_absent(f"No module named {fullname!r}"), name=fullname)
+        return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None  # the default module object
 
     def exec_module(self, module: ModuleType) -> None:
-        exports = self.modules[module.__name__]
-        module.__dict__.update(exports)
-        module.__all__ = sorted(exports)
+        if module.__name__ in _PARENTS:
+            module.__getattr__ = _parent_getattr(module.__name__)  # type: ignore[attr-defined]
+            return
+        names = exports(module.__name__)
+        module.__dict__.update(names)
+        module.__all__ = sorted(names)
 
 
 def installed() -> bool:
@@ -186,7 +140,7 @@ def uninstall() -> None:
     for name in list(sys.modules):
         module = sys.modules[name]
         if (name == "dashscope" or name.startswith("dashscope.")) and (
-            getattr(module.__spec__, "origin", None) == "runtime.sdk_compat"
+            getattr(module.__spec__, "origin", None) == _ORIGIN
         ):
             del sys.modules[name]
 
