@@ -32,6 +32,7 @@ from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_secrets
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
+from runtime.sdk_alias.parsers import parser_for
 from runtime.tracing import Tracing
 
 __all__ = ["FunctionApp"]
@@ -76,7 +77,7 @@ class FunctionApp:
         self._health_fields = {
             "func_type": function.func_type.value,
             "processor": function.target.name,
-            "parser": function.input_model.__name__,
+            "parser": parser_for(function.func_type).__name__,  # the SDK's names
         }
         self.metrics = Metrics(
             function.func_type.value,
@@ -310,6 +311,12 @@ class FunctionApp:
         """A request was cancelled (deadline or disconnect): answer a deadline now, whatever
         its task does, and count a task that still runs after STUCK_AFTER as stuck (its
         request ends here: the slot and the queue place are given back)."""
+        try:
+            await self._answer_overdue(interrupt)
+        except Exception:
+            log.exception("internal error while ending a cancelled request")
+
+    async def _answer_overdue(self, interrupt: _Interrupt) -> None:
         task = interrupt.task
         assert task is not None
         if interrupt.reason == "deadline" and not interrupt.responded and not task.done():

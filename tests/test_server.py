@@ -45,7 +45,7 @@ def test_health_and_a_valid_request(echo):
         "status": "healthy",
         "func_type": "reward",
         "processor": "EchoReward",
-        "parser": "RewardInput",
+        "parser": "RewardRequestParser",  # the SDK server's name
     }
     response = echo.post(reward_body(messages=3))
     assert response.status_code == 200
@@ -137,7 +137,7 @@ def test_processor_that_raises_gets_500_in_output_shape(start_server):
     assert body["reward"] == {"reward_score": 0.0, "reward_metrics": None}
     assert "boom: the scorer broke" in body["error"]
     assert "Traceback" not in body["error"]
-    assert "PROCESSOR_ERROR" in server.output()  # and one log line says so
+    server.wait_output("PROCESSOR_ERROR")  # and one log line says so (written off the loop)
 
 
 def test_processor_output_is_checked(start_server):
@@ -210,8 +210,7 @@ def test_client_disconnect_cancels_processing(start_server, tmp_path):
         time.sleep(0.05)
     assert (tmp_path / "cancelled-gone").exists()
     assert not (tmp_path / "finished-gone").exists()
-    time.sleep(0.2)
-    assert "CLIENT_DISCONNECTED" in server.output()
+    server.wait_output("CLIENT_DISCONNECTED")
 
 
 def test_sync_process_does_not_block_health_or_async_work(start_server):
@@ -256,7 +255,10 @@ def test_sigterm_drains_requests_in_flight(start_server, tmp_path):
     )
     with ThreadPoolExecutor(4) as pool:
         in_flight = [pool.submit(server.post, reward_body(sleep=1.5, tag=str(i))) for i in range(3)]
-        time.sleep(0.5)
+        deadline = time.monotonic() + 20  # all three in flight before the signal
+        while len(list(tmp_path.glob("started-*"))) < 3:
+            assert time.monotonic() < deadline, "the requests did not start"
+            time.sleep(0.02)
         stopper = threading.Thread(target=server.terminate)
         stopper.start()
         responses = [f.result() for f in in_flight]
