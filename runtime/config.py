@@ -52,6 +52,12 @@ class Settings:
     trainer_timeout: float = 100.0
     trainer_prefix: str = ""
     ground_truth_field: str = "expected_answer"
+    # replicas: --ray (runtime.ray_serve), and the autoscaler of `manifests`
+    ray: bool = False
+    replicas: str = "1"
+    min_replicas: int = 1
+    max_replicas: int = 8
+    ray_replica_cpus: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,6 +129,23 @@ def _sub_reward_errors(text: str) -> str:
     if lowered not in ("zero", "fail"):
         raise ValueError("must be zero or fail")
     return lowered
+
+
+def _replicas(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered != "auto" and not (lowered.isdigit() and int(lowered) >= 1):
+        raise ValueError("must be a number of replicas (1 or more) or auto")
+    return lowered
+
+
+def _cpus(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a positive number of CPUs")
+    return value
 
 
 def _trainer_errors(text: str) -> str:
@@ -230,6 +253,18 @@ OPTIONS: tuple[Option, ...] = (
            "path prefix of the trainer protocols, e.g. /trainers", "PATH"),
     Option("--ground-truth-field", "ground_truth_field", ("GROUND_TRUTH_FIELD",), str,
            "NeMo Gym /verify: the row field passed as ground_truth", "NAME"),
+    Option("--ray", "ray", ("SERVE_ON_RAY",), _bool,
+           "serve on Ray Serve: join the cluster at RAY_ADDRESS, or start a local one "
+           "(pip install -e '.[ray]')", "{true,false}", bare=True),
+    Option("--replicas", "replicas", ("RAY_REPLICAS",), _replicas,
+           "--ray: replicas of the function, or auto (between --min-replicas and "
+           "--max-replicas, on requests in flight)", "{N,auto}"),
+    Option("--min-replicas", "min_replicas", ("MIN_REPLICAS",), _int(1),
+           "with --replicas auto, and the autoscaler of `manifests`", "N"),
+    Option("--max-replicas", "max_replicas", ("MAX_REPLICAS",), _int(1),
+           "with --replicas auto, and the autoscaler of `manifests`", "N"),
+    Option("--ray-replica-cpus", "ray_replica_cpus", ("RAY_REPLICA_CPUS",), _cpus,
+           "--ray: CPUs Ray reserves for each replica", "CPUS"),
 )
 # fmt: on
 

@@ -1,85 +1,252 @@
-"""Where sync user code runs: ``process``, sync sub-rewards and aggregates.
+"""Where sync user code runs: ``process``, ``setup``, ``shutdown``, sync sub-rewards and
+aggregates.
 
-``--isolation thread`` (the default): the bounded thread pool. Cheap, shares memory with
-the server, and right for most code. Python cannot kill a thread: a call that passes its
-deadline is abandoned (the request gets its 504 on time and frees its slot), counted as
-stuck until it returns, and logged.
+``--isolation thread`` (the default): ``UserThreads``, this module's own pool of at most
+``--threads`` daemon threads, used by nothing else (runtime internals such as /metrics use
+anyio's default pool, so they never wait behind user code). Python cannot kill a thread: a
+call that passes its deadline is abandoned (the request gets its 504 on time and frees its
+slot), counted as stuck until it returns, and logged. An abandoned call keeps its thread
+and its place in ``--threads`` until it returns, so ``--threads`` bounds the OS threads
+running user code; a worker whose threads are all stuck reports unhealthy. The threads are
+daemonic, so a stuck one never keeps the process from exiting.
 
 ``--isolation process``: a pool of child processes (pebble), each of which imports the
 target and runs ``setup()`` once. A call that passes its deadline has its child killed
 and replaced, so a hung sympy evaluation or sandbox call can never wedge the worker.
 Costs: inputs and outputs are pickled across, and each child holds its own copy of what
-``setup()`` loads.
+``setup()`` loads. Exceptions and results cross the process boundary in a form that always
+unpickles (an exception as its type name, message and traceback text; a result as bytes
+pickled in the child), so one odd exception cannot break the pool; a pool that breaks
+anyway is rebuilt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
+import contextvars
 import logging
 import multiprocessing
+import pickle
+import queue
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
-
-__all__ = ["ProcessOffload", "ThreadOffload"]
+__all__ = ["CrossedError", "ProcessOffload", "ThreadOffload", "UserThreads"]
 
 log = logging.getLogger("runtime")
 
 
-class ThreadOffload:
-    def __init__(self, processor: Any) -> None:
-        self._processor = processor
-        self._lock = threading.Lock()
-        self.stuck = 0
+class CrossedError(Exception):
+    """User code raised something that cannot travel as itself: a ``BaseException`` that
+    would stop the event loop (``SystemExit``, ``KeyboardInterrupt``), or any exception of
+    an isolation process. Its class is named after the original, so ``type(exc).__name__``
+    and ``str(exc)`` read as the original did; ``remote_traceback`` holds its traceback."""
 
-    async def __call__(self, attr: str, arg: Any) -> Any:
-        func = getattr(self._processor, attr)
-        call = _Call()
+    remote_traceback = ""
 
-        def run() -> Any:
-            try:
-                return func(arg)
-            finally:
-                with self._lock:
-                    call.done = True
-                    if call.abandoned:
-                        self.stuck -= 1
-                        log.warning(
-                            "a stuck sync %s() returned after %.1fs",
-                            attr,
-                            time.monotonic() - call.started,
-                        )
 
-        try:
-            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-        except BaseException:
-            with self._lock:
-                if not call.done:
-                    call.abandoned = True
-                    self.stuck += 1
-                    log.warning(
-                        "sync %s() is still running after its request ended; its thread cannot "
-                        "be killed and stays stuck until it returns (%d stuck now; "
-                        "--isolation process kills such calls)",
-                        attr,
-                        self.stuck,
-                    )
-            raise
+_crossed_types: dict[tuple[str, str], type[CrossedError]] = {}
 
-    async def close(self) -> None:
-        pass
+
+def crossed(name: str, module: str, message: str, traceback_text: str) -> CrossedError:
+    key = (module, name)
+    cls = _crossed_types.get(key)
+    if cls is None:
+        cls = _crossed_types[key] = type(name, (CrossedError,), {"__module__": module})
+    error = cls(message)
+    error.remote_traceback = traceback_text
+    if traceback_text:
+        error.add_note(traceback_text.rstrip())
+    return error
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str, str]:
+    text = "".join(traceback.format_exception(exc))
+    return type(exc).__name__, type(exc).__module__, str(exc), text
+
+
+# --- threads ---------------------------------------------------------------------------
+
+_QUEUED, _RUNNING, _DONE, _DROPPED, _ABANDONED = range(5)
 
 
 class _Call:
-    __slots__ = ("abandoned", "done", "started")
+    __slots__ = ("args", "func", "future", "name", "started", "state", "token")
 
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.done = False
-        self.abandoned = False
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        future: asyncio.Future[Any],
+        name: str,
+        token: bool,
+    ) -> None:
+        self.token = token
+        self.func = func
+        self.args = args
+        self.future = future
+        self.name = name
+        self.state = _QUEUED
+        self.started = 0.0
+
+
+class UserThreads:
+    """At most ``size`` daemon threads for sync user code, with their own token count.
+
+    A call takes a token before it gets a thread and gives it back only when its function
+    returns; waiting for a token can be cancelled at no cost. A call cancelled after it
+    started is abandoned: counted in ``stuck`` until it returns.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.stuck = 0
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._jobs: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads = 0
+        self._lock = threading.Lock()
+
+    async def run(
+        self, func: Callable[..., Any], *args: Any, name: str = "", token: bool = True
+    ) -> Any:
+        """``func(*args)`` in a thread. ``token=False`` is for the once-only hooks (setup,
+        shutdown): they run even when every thread is stuck, in one more thread."""
+        loop = asyncio.get_running_loop()
+        if not token:
+            pass
+        elif self._free:
+            self._free -= 1  # the common case: no waiting, no checkpoint
+        else:
+            await self._wait_token(loop)
+        call = _Call(  # in the caller's context: its span, baggage and secrets to redact
+            contextvars.copy_context().run,
+            (func, *args),
+            loop.create_future(),
+            name or getattr(func, "__name__", "?"),
+            token,
+        )
+        self._jobs.put(call)
+        if not self._idle.acquire(blocking=False) and (self._threads < self.size or not token):
+            self._threads += 1
+            threading.Thread(
+                target=self._work, name=f"user-code-{self._threads}", daemon=True
+            ).start()
+        try:
+            return await call.future
+        except BaseException:
+            with self._lock:
+                state = call.state
+                if state == _QUEUED:
+                    call.state = _DROPPED  # never started: not stuck, its token is free now
+                elif state == _RUNNING:
+                    call.state = _ABANDONED
+            if state == _QUEUED and call.token:
+                self._give_token()
+            elif state == _RUNNING:
+                self.stuck += 1
+                log.warning(
+                    "sync %s() is still running after its request ended; its thread cannot "
+                    "be killed and stays stuck until it returns (%d of %d threads stuck now; "
+                    "--isolation process kills such calls)",
+                    call.name,
+                    self.stuck,
+                    self.size,
+                )
+            raise
+
+    async def run_hook(self, func: Callable[..., Any], *args: Any) -> Any:
+        return await self.run(func, *args, token=False)
+
+    async def _wait_token(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._give_token()  # handed over just as we were cancelled: pass it on
+            elif waiter in self._waiters:  # (a release may have dropped it already)
+                self._waiters.remove(waiter)
+            raise
+
+    def _give_token(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+    def _work(self) -> None:
+        jobs, lock, idle = self._jobs, self._lock, self._idle
+        while True:
+            call = jobs.get()
+            with lock:
+                dropped = call.state != _QUEUED  # its token went back when it was dropped
+                if not dropped:
+                    call.state = _RUNNING
+                    call.started = time.monotonic()
+            if not dropped:
+                self._run(call)
+            del call
+            idle.release()
+
+    def _run(self, call: _Call) -> None:
+        try:
+            result, error = call.func(*call.args), None
+        except Exception as exc:
+            result, error = None, exc
+        except BaseException as exc:  # SystemExit on the loop would stop the server
+            result, error = None, crossed(*_describe(exc))
+        with self._lock:
+            abandoned = call.state == _ABANDONED
+            call.state = _DONE
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server has stopped
+            call.future.get_loop().call_soon_threadsafe(
+                self._finished, call, abandoned, result, error
+            )
+
+    def _finished(self, call: _Call, abandoned: bool, result: Any, error: Any) -> None:
+        if call.token:
+            self._give_token()
+        if abandoned:
+            self.stuck -= 1
+            log.warning(
+                "a stuck sync %s() returned after %.1fs", call.name, time.monotonic() - call.started
+            )
+        elif not call.future.done():
+            if error is not None:
+                call.future.set_exception(error)
+            else:
+                call.future.set_result(result)
+
+
+class ThreadOffload:
+    """``offload(attr, arg)``: run the processor's sync method ``attr`` in ``UserThreads``."""
+
+    broken = ""  # threads never break; a worker whose threads are all stuck is unhealthy
+
+    def __init__(self, processor: Any, threads: UserThreads) -> None:
+        self._processor = processor
+        self.threads = threads
+
+    @property
+    def stuck(self) -> int:
+        return self.threads.stuck
+
+    async def __call__(self, attr: str, arg: Any) -> Any:
+        return await self.threads.run(getattr(self._processor, attr), arg, name=attr)
+
+    async def close(self) -> None:
+        pass
 
 
 # --- process isolation -----------------------------------------------------------------
@@ -88,10 +255,19 @@ _child_processor: Any = None
 _child_error: BaseException | None = None
 
 
+class _Crossing(Exception):
+    """What a child raises: plain strings only, so it always unpickles in the parent."""
+
+    def __init__(self, name: str, module: str, message: str, traceback_text: str) -> None:
+        super().__init__(name, module, message, traceback_text)
+
+
 def _child_init(spec: str, workspace: str, func_type: str) -> None:
     """Runs once in each child: import the target, instantiate it, run its setup()."""
     global _child_processor, _child_error
     try:
+        import anyio
+
         from runtime.function import run_user_code
         from runtime.loading import load_target
 
@@ -105,40 +281,76 @@ def _child_init(spec: str, workspace: str, func_type: str) -> None:
         _child_error = exc
 
 
-def _child_call(attr: str, arg: Any) -> Any:
+def _child_call(attr: str, arg: Any) -> bytes | None:
     if _child_error is not None:
-        raise RuntimeError(
-            "setup() failed in the isolation process: "
-            f"{type(_child_error).__name__}: {_child_error}"
+        name, module, message, text = _describe(_child_error)
+        raise _Crossing(
+            "RuntimeError",
+            "builtins",
+            f"setup() failed in the isolation process: {name}: {message}",
+            text,
         )
     if attr == "":
         return None  # a readiness probe
-    return getattr(_child_processor, attr)(arg)
+    try:
+        result = getattr(_child_processor, attr)(arg)
+    except BaseException as exc:
+        raise _Crossing(*_describe(exc)) from None
+    try:
+        return pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        name, module, message, text = _describe(exc)
+        raise _Crossing(
+            name,
+            module,
+            f"{attr}() returned a {type(result).__name__} that cannot be sent back from its "
+            f"isolation process: {message}",
+            text,
+        ) from None
+
+
+class IsolationPoolBroken(RuntimeError):
+    pass
 
 
 class ProcessOffload:
     def __init__(self, spec: str, workspace: str, func_type: str, processes: int) -> None:
+        self._args = (spec, workspace, func_type, processes)
+        self._pool = self._new_pool()
+        self.stuck = 0  # a stuck child is killed, never left running
+        self.broken = ""  # why the pool cannot serve right now ("" when it can)
+        self._rebuilding: asyncio.Task[None] | None = None
+
+    def _new_pool(self) -> Any:
         import pebble  # only with --isolation process
 
-        self._pool = pebble.ProcessPool(
+        spec, workspace, func_type, processes = self._args
+        return pebble.ProcessPool(
             max_workers=processes,
             initializer=_child_init,
             initargs=(spec, workspace, func_type),
             context=multiprocessing.get_context("spawn"),
         )
-        self.stuck = 0  # a stuck child is killed, never left running
 
     async def ready(self) -> None:
         """Wait until a child has run setup(); raises its error if setup() failed."""
         await self("", None)
 
     async def __call__(self, attr: str, arg: Any) -> Any:
-        future = self._pool.schedule(_child_call, args=(attr, arg))
+        pool = self._pool
+        try:
+            future = pool.schedule(_child_call, args=(attr, arg))
+        except RuntimeError as exc:  # pebble: "Unexpected error within the Pool"
+            raise self._broke(pool, exc) from None
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Any] = loop.create_future()
         future.add_done_callback(lambda done: loop.call_soon_threadsafe(_settle, waiter, done))
         try:
-            return await waiter
+            data = await waiter
+        except _Crossing as exc:
+            raise crossed(*exc.args) from None
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise self._broke(pool, exc) from None
         except BaseException:
             running = future.running()
             future.cancel()  # a running task's child is terminated and replaced
@@ -149,10 +361,55 @@ class ProcessOffload:
                     attr,
                 )
             raise
+        if data is None:
+            return None
+        try:
+            return pickle.loads(data)
+        except Exception as exc:
+            raise IsolationPoolBroken(
+                f"the result of {attr}() could not be read back from its isolation process: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+
+    def _broke(self, pool: Any, exc: BaseException) -> IsolationPoolBroken:
+        reason = f"the isolation process pool broke ({type(exc).__name__}: {exc})"
+        if pool is self._pool:  # the first request to notice starts the rebuild
+            log.error("%s; rebuilding it", reason)
+            self.broken = f"{reason}; rebuilding it"
+            self._pool = self._new_pool()
+            self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild(pool))
+        return IsolationPoolBroken(f"{reason}; it is being rebuilt, retry the request")
+
+    async def _rebuild(self, old: Any) -> None:
+        old.stop()
+        threading.Thread(target=old.join, name="pool-join", daemon=True).start()
+        try:
+            await self.ready()
+        except Exception as exc:
+            self.broken = f"the rebuilt isolation process pool cannot serve: {exc}"
+            log.error("%s", self.broken)
+            return
+        self.broken = ""
+        log.info("the isolation process pool was rebuilt and serves again")
 
     async def close(self) -> None:
+        if self._rebuilding is not None:
+            self._rebuilding.cancel()
         self._pool.stop()
-        await anyio.to_thread.run_sync(self._pool.join)
+        done = asyncio.get_running_loop().create_future()
+
+        def join() -> None:
+            self._pool.join()
+            done.get_loop().call_soon_threadsafe(_set_done, done)
+
+        # a daemon thread: a child that does not die cannot keep this process alive
+        threading.Thread(target=join, name="pool-join", daemon=True).start()
+        await done
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _settle(waiter: asyncio.Future[Any], done: concurrent.futures.Future[Any]) -> None:

@@ -195,6 +195,10 @@ def run_worker(
 
 def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; exits non-zero if setup() fails."""
+    if settings.ray:
+        from runtime.ray_serve import serve_on_ray  # Ray is an optional extra
+
+        sys.exit(serve_on_ray(settings))
     if settings.workers == 1:
         run_worker(settings)
         return

@@ -10,28 +10,46 @@ Per request: the caller's ``traceparent``/``tracestate``/``baggage`` are extract
 the processor span is a child of the caller's span; request_metadata's ids become
 baggage, copied onto every span of the request (also spans made in worker threads,
 which inherit the context); ``x-request-id`` is an attribute of the processor span.
+
+Cost: spans are encoded and exported in a child process (runtime.span_export), and the
+processor span, made on every request, is a lean span of our own (``_RequestSpan``)
+rather than the SDK's: same ids, sampling, attributes, events and status on the wire,
+without the SDK span's locks, limits and per-span processor calls. Spans that user code
+makes (LLM and tool calls) are ordinary SDK spans, children of it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from time import time_ns
 from typing import Any
 
 from opentelemetry import baggage
 from opentelemetry.sdk.trace import SpanProcessor
-from opentelemetry.trace import Span
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    get_current_span,
+)
+from opentelemetry.trace.status import Status, StatusCode
 
-from processors_base.observability._core import BAGGAGE_KEYS, request_secrets
+from processors_base.observability._core import BAGGAGE_KEYS
 from processors_base.observability.processor import processor_span
+from runtime.span_export import PipeSpanProcessor
 
 __all__ = ["Tracing"]
 
 log = logging.getLogger("runtime")
 
 _HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate", b"baggage": "baggage"}
+_SCOPE = ("agentic-rl-runtime", None)
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
 
 
@@ -50,11 +68,9 @@ class Tracing:
     def __init__(self, func_type: str, processor: str) -> None:
         from opentelemetry import trace
         from opentelemetry.baggage.propagation import W3CBaggagePropagator
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.propagators.composite import CompositePropagator
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         attributes: dict[str, Any] = {
@@ -68,10 +84,10 @@ class Tracing:
             attributes["service.name"] = processor
         self.provider = TracerProvider(resource=Resource.create(attributes))
         self.provider.add_span_processor(_BaggageToAttributes())
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        self._export = PipeSpanProcessor(attributes)
+        self.provider.add_span_processor(self._export)
+        self._tracer = _RequestTracer(self.provider, self._export)
         trace.set_tracer_provider(self.provider)  # what user code's instrumentation records to
-        # loongsuite warns about optional multimodal extras we do not use
-        logging.getLogger("opentelemetry.util.genai").setLevel(logging.ERROR)
         self._propagator = CompositePropagator(
             [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
         )
@@ -92,27 +108,182 @@ class Tracing:
                 request_id = value.decode("latin-1")
         context = self._propagator.extract(carrier) if carrier else None
         metadata = getattr(input_data, "request_metadata", None)
+        attributes: dict[str, Any] = {}
         if metadata is not None:
             for key, name in _IDS:
-                context = baggage.set_baggage(key, getattr(metadata, name), context)
-        api_key = getattr(getattr(input_data, "model_resource", None), "api_key", None)
-        secrets = request_secrets.set((api_key.get_secret_value(),) if api_key is not None else ())
-        attributes = {"agentic_rl.request_id": request_id} if request_id else None
-        try:
-            with processor_span(
-                self.provider,
-                self._func_type,
-                self._processor,
-                input_data,
-                context=context,
-                attributes=attributes,
-            ) as span:
-                yield span
-        finally:
-            request_secrets.reset(secrets)
+                value = getattr(metadata, name)
+                context = baggage.set_baggage(key, value, context)
+                if value is not None:
+                    attributes[key] = str(value)
+        # the request's secrets, blanked in what spans record, were bound by the app
+        if request_id:
+            attributes["agentic_rl.request_id"] = request_id
+        with processor_span(
+            self.provider,
+            self._func_type,
+            self._processor,
+            input_data,
+            context=context,
+            attributes=attributes,
+            tracer=self._tracer,
+        ) as span:
+            yield span
 
     def flush(self) -> None:
         self.provider.force_flush(timeout_millis=5000)
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+class _RequestTracer:
+    """Starts the per-request processor span as a ``_RequestSpan`` (see the module doc),
+    with the provider's sampler and id generator, as the SDK's tracer would."""
+
+    def __init__(self, provider: Any, export: PipeSpanProcessor) -> None:
+        self._sampler = provider.sampler
+        self._ids = provider.id_generator
+        self._export = export
+
+    def start_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: dict[str, Any] | None = None,
+    ) -> Span:
+        parent = get_current_span(context).get_span_context()
+        if not parent.is_valid:
+            parent = None
+        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
+        sampling = self._sampler.should_sample(context, trace_id, name, kind, attributes)
+        sampled = sampling.decision.is_sampled()
+        span_context = SpanContext(
+            trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+            trace_state=sampling.trace_state,
+        )
+        if not sampling.decision.is_recording():
+            return NonRecordingSpan(span_context)
+        merged = dict(sampling.attributes) if sampling.attributes else {}
+        return _RequestSpan(name, span_context, parent, kind, merged, self._export)
+
+
+class _RequestSpan(Span):
+    """A recording span that, once ended, goes to the export queue as one tuple."""
+
+    __slots__ = (
+        "_attributes",
+        "_context",
+        "_end",
+        "_events",
+        "_export",
+        "_kind",
+        "_name",
+        "_parent",
+        "_start",
+        "_status",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        export: PipeSpanProcessor,
+    ) -> None:
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes = attributes
+        self._events: list[tuple[str, dict[str, Any], int]] = []
+        self._status: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
+        self._export = export
+        self._start = time_ns()
+        self._end = 0
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._end
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if not self._end:
+            self._attributes.update(attributes)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if not self._end:
+            self._attributes[key] = value
+
+    def add_event(
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        if not self._end:
+            self._events.append((name, dict(attributes or {}), timestamp or time_ns()))
+
+    def update_name(self, name: str) -> None:
+        if not self._end:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end or self._status[0] is StatusCode.OK:
+            return  # OK is final, as in the SDK
+        if isinstance(status, Status):
+            self._status = (status.status_code, status.description)
+        else:
+            self._status = (status, description if status is StatusCode.ERROR else None)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        event = {
+            "exception.type": type(exception).__qualname__,
+            "exception.escaped": str(escaped),
+        }
+        given = attributes or {}
+        if "exception.message" not in given:
+            event["exception.message"] = str(exception)
+        if "exception.stacktrace" not in given:
+            event["exception.stacktrace"] = "".join(traceback.format_exception(exception))
+        event.update(given)
+        self.add_event("exception", event, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end:
+            return
+        self._end = end_time or time_ns()
+        context = self._context
+        parent = self._parent
+        self._export.put(
+            (
+                self._name,
+                context.trace_id,
+                context.span_id,
+                int(context.trace_flags),
+                tuple(context.trace_state.items()),
+                parent.span_id if parent is not None else 0,
+                parent.is_remote if parent is not None else False,
+                self._kind.value,
+                self._start,
+                self._end,
+                self._attributes,
+                self._events,
+                [],
+                self._status[0].value,
+                self._status[1],
+                _SCOPE,
+            )
+        )
