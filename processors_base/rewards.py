@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
@@ -140,8 +141,19 @@ class SubRewardErrors:
             effect,
             error,
             more,
-            exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+            exc_info=(type(exc), exc, _user_frames(exc.__traceback__)) if exc is not None else None,
         )
+
+
+# Frames of the machinery that called the sub-reward: left out of its logged traceback.
+_CALLERS = ("processors_base.", "runtime.", "anyio.", "asyncio.", "concurrent.", "threading")
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    first = tb
+    while first is not None and str(first.tb_frame.f_globals.get("__name__")).startswith(_CALLERS):
+        first = first.tb_next
+    return first if first is not None else tb
 
 
 def sub_reward_func(name: str | None = None, sub_weight: float = 1.0) -> Callable[[F], F]:

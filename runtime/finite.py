@@ -52,7 +52,13 @@ def _in_reward(reward: Any, path: str) -> Found | None:
 
 
 def _reward_output(output: Any) -> Found | None:
-    return _in_reward(output.reward, "reward")
+    reward = output.reward
+    try:  # the hot path (echo rewards): one finite score, no metrics
+        if isfinite(reward.reward_score) and not reward.reward_metrics:
+            return None
+    except (TypeError, OverflowError):  # not a float at all: the serialiser will say so
+        return None
+    return _in_reward(reward, "reward")
 
 
 def _group_reward_output(output: Any) -> Found | None:
