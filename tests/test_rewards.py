@@ -404,3 +404,31 @@ def test_reward_processors_have_a_working_executor() -> None:
     given.close_executor()  # not ours to shut down
     assert mine.submit(int).result() == 0
     mine.shutdown()
+
+
+def test_the_failure_log_resumes_after_its_interval_saying_how_many_it_left_out(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("processors_base.rewards.time.monotonic", lambda: now[0])
+    processor = Judged()
+    processor._runtime_sub_reward_errors = SubRewardErrors(log_every=60.0)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(4):
+            run(processor)
+        now[0] += 61.0
+        run(processor)
+    logged = [r.getMessage() for r in caplog.records if "'judge'" in r.getMessage()]
+    assert len(logged) == 2
+    assert "3 more failures of it were not logged in the last 60s" in logged[1]
+
+
+def test_reward_func_used_bare_takes_the_class_name() -> None:
+    @reward_func
+    class Bare(AbstractRewardProcessor):
+        @sub_reward_func
+        def only(self, input_data: RewardInput) -> RewardOutput:
+            return out(0.5)
+
+    assert registry_of(Bare).processor_id == "Bare"
+    assert run(Bare()).reward.reward_score == 0.5
