@@ -37,6 +37,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from runtime.logs import bind_secrets, logging_settings, setup_logging
+
 __all__ = ["CrossedError", "ProcessOffload", "ThreadOffload", "UserThreads"]
 
 log = logging.getLogger("runtime")
@@ -262,9 +264,13 @@ class _Crossing(Exception):
         super().__init__(name, module, message, traceback_text)
 
 
-def _child_init(spec: str, workspace: str, func_type: str) -> None:
+def _child_init(
+    spec: str, workspace: str, func_type: str, log_settings: tuple[str, str] | None = None
+) -> None:
     """Runs once in each child: import the target, instantiate it, run its setup()."""
     global _child_processor, _child_error
+    if log_settings is not None:  # the parent's format and scrubbing for user code's lines
+        setup_logging(*log_settings)
     try:
         import anyio
 
@@ -292,6 +298,7 @@ def _child_call(attr: str, arg: Any) -> bytes | None:
         )
     if attr == "":
         return None  # a readiness probe
+    bind_secrets(arg)  # the request's api_key, blanked from what user code logs here
     try:
         result = getattr(_child_processor, attr)(arg)
     except BaseException as exc:
@@ -328,7 +335,7 @@ class ProcessOffload:
         return pebble.ProcessPool(
             max_workers=processes,
             initializer=_child_init,
-            initargs=(spec, workspace, func_type),
+            initargs=(spec, workspace, func_type, logging_settings()),
             context=multiprocessing.get_context("spawn"),
         )
 
