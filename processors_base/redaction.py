@@ -10,12 +10,14 @@ Two kinds of secret are recognised:
 
 The request's secrets live in a context variable that the runtime sets per request, so
 work in the request's task and in the threads it starts sees them. Their encoded forms are
-derived only when some text is actually scrubbed, once per request.
+derived only when some text is actually scrubbed, at most once per request (and once per
+key while it keeps coming, since a job sends the same key with every request).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Iterable
 from contextvars import ContextVar
@@ -45,7 +47,13 @@ class Secrets(tuple):  # type: ignore[type-arg]
     def of(cls, input_data: Any) -> Secrets:
         """The secrets a request carries: its ``model_resource.api_key`` (a SecretStr on a
         rollout; a plain string where another input carries a model_resource as an extra)."""
-        resource = getattr(input_data, "model_resource", None)
+        # Read the model's fields and extras directly: a getattr that misses costs a raised
+        # AttributeError inside pydantic, microseconds on every reward request.
+        fields = getattr(input_data, "__dict__", None) or {}
+        resource = fields.get("model_resource")
+        if resource is None:
+            extra = getattr(input_data, "__pydantic_extra__", None)
+            resource = extra.get("model_resource") if extra else None
         if resource is None:
             return _NONE
         key = (
@@ -72,21 +80,26 @@ request_secrets: ContextVar[tuple[str, ...]] = ContextVar("request_secrets", def
 def _derive(secrets: Iterable[str]) -> tuple[str, ...]:
     forms: set[str] = set()
     for secret in secrets:
-        if not secret:
-            continue
-        forms.add(secret)
-        derived = {quote(secret, safe=""), quote(secret), quote_plus(secret)}
-        derived |= {_lower_hex(text) for text in derived}
-        raw = secret.encode()
-        for encode in (base64.b64encode, base64.urlsafe_b64encode):
-            derived.add(encode(raw).decode())
-            # Inside a longer base64 text the secret's encoding depends on its offset
-            # modulo 3; keep, for each offset, the characters that depend on it alone.
-            for shift in range(3):
-                text = encode(b"\0" * shift + raw).decode()
-                derived.add(text[(shift * 8 + 5) // 6 : (shift + len(raw)) * 8 // 6])
-        forms |= {form for form in derived if len(form) >= _MIN_DERIVED}
+        if secret:
+            forms.update(_forms_of(secret))
     return tuple(sorted(forms, key=len, reverse=True))  # longest first: no partial leftovers
+
+
+@functools.lru_cache(maxsize=16)  # a job sends one key with every request: derive it once
+def _forms_of(secret: str) -> frozenset[str]:
+    forms = {secret}
+    derived = {quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    derived |= {_lower_hex(text) for text in derived}
+    raw = secret.encode()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        derived.add(encode(raw).decode())
+        # Inside a longer base64 text the secret's encoding depends on its offset
+        # modulo 3; keep, for each offset, the characters that depend on it alone.
+        for shift in range(3):
+            text = encode(b"\0" * shift + raw).decode()
+            derived.add(text[(shift * 8 + 5) // 6 : (shift + len(raw)) * 8 // 6])
+    forms |= {form for form in derived if len(form) >= _MIN_DERIVED}
+    return frozenset(forms)
 
 
 def _lower_hex(text: str) -> str:

@@ -37,10 +37,17 @@ import runtime
 from processors_base.models import BaseDataModel
 from processors_base.redaction import Secrets, redact, request_secrets
 
-__all__ = ["RequestLog", "bind_secrets", "setup_logging", "user_traceback"]
+__all__ = [
+    "RequestLog",
+    "bind_secrets",
+    "logging_settings",
+    "setup_logging",
+    "user_traceback",
+]
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _listener: logging.handlers.QueueListener | None = None
+_settings: tuple[str, str] | None = None  # (level, format) this process logs with
 _MAX_TRACEBACK = 16_000  # characters of one record's traceback; the middle is cut
 ID_LIMIT = 128  # characters of one id in a request line
 MASK = "**********"  # what a secret becomes in a log line, as in an error body
@@ -57,7 +64,7 @@ def bind_secrets(input_data: Any) -> None:
 
 def setup_logging(level: str, log_format: str = "text") -> None:
     """Route every logger (ours, the user's, uvicorn's) through one queued stderr handler."""
-    global _listener
+    global _listener, _settings
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
@@ -76,6 +83,12 @@ def setup_logging(level: str, log_format: str = "text") -> None:
             logging.getLogger(name).handlers[:] = []
             logging.getLogger(name).propagate = True
     logging.getLogger().setLevel(numeric)
+    _settings = (level, log_format)
+
+
+def logging_settings() -> tuple[str, str] | None:
+    """(level, format) given to setup_logging, for child processes to log the same way."""
+    return _settings
 
 
 # --- scrubbing and formatting ---------------------------------------------------------
@@ -181,10 +194,28 @@ def user_traceback(exc: BaseException) -> str:
     """The traceback of an exception raised by user code, without the runtime's frames
     that lead to it (the runtime, anyio, asyncio, thread pools); all of it if that leaves
     nothing."""
+    remote = getattr(exc, "remote_traceback", "")
+    if isinstance(remote, str) and remote:  # raised in an isolation process: its text
+        return _trim_text(remote)
     tb: TracebackType | None = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_MACHINERY):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _trim_text(text: str) -> str:
+    """The leading machinery frames out of a formatted traceback."""
+    lines = text.splitlines(keepends=True)
+    start = 1
+    while start < len(lines) and lines[start].startswith('  File "'):
+        if not lines[start][8:].startswith(_MACHINERY):
+            break
+        start += 1
+        while start < len(lines) and lines[start].startswith("    "):  # its source lines
+            start += 1
+    if not lines or not lines[0].startswith("Traceback") or start >= len(lines) - 1:
+        return text
+    return lines[0] + "".join(lines[start:])
 
 
 # --- the request log ------------------------------------------------------------------

@@ -95,6 +95,21 @@ def test_key_in_a_url_is_blanked_from_body_log_and_httpx_lines(start_server, api
     assert 'rl_function_requests_total{func_type="rollout",status="500"} 1.0' in metrics
 
 
+def test_isolation_processes_scrub_their_lines_and_show_user_frames(start_server, api):
+    server = start_server(
+        "workspace.secret_fns:KeyInUrlRollout", "--isolation", "process", "--processes", "1"
+    )
+    response = server.post(rollout(api.url, log=True))
+    assert response.status_code == 500 and leaked(response.text) == []
+    wait_for(lambda: "PROCESSOR_ERROR" in server.output(), "the request's log line")
+    wait_for(lambda: "plus-quoted" in server.output(), "the line logged in the child")
+    log = server.output()
+    assert leaked(log) == [] and "hunter2" not in log
+    assert log.count("Traceback (most recent call last)") == 1
+    assert 'secret_fns.py", line' in log and "raise_for_status" in log
+    assert "runtime/offload.py" not in log and "runtime/function.py" not in log
+
+
 def test_failing_process_logs_the_traceback_of_user_code_once(start_server):
     server = start_server("workspace.secret_fns:FailingReward")
     body = reward_body()
