@@ -7,17 +7,23 @@ by ``DASHSCOPE_PYTHON`` (``.ci/run`` makes one with ``pip install -e ".[test,sdk
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import ROOT, TESTS, free_port
 from llm_stub import LLMStub
+
+from runtime.sdk_compat import SDK
 
 WORKSPACE = TESTS / "sdk_workspace"
 HERE_HAS_SDK = importlib.util.find_spec("dashscope") is not None
@@ -297,3 +303,275 @@ def test_classes_derive_from_the_installed_sdk():
 @with_sdk
 def test_sdk_style_workspace_serves_with_the_sdk(start_server):
     check_all_functions(start_server, SDK_PYTHON)
+
+
+# --- the SDK's whole public surface, and only that part of dashscope --------------------
+
+
+@without_sdk
+def test_every_public_name_of_the_sdk_resolves_under_the_alias():
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, "tests")
+        import sdk_surface
+        table = sdk_surface.coverage(json.loads(sdk_surface.SNAPSHOT.read_text()))
+        print(json.dumps({m: missing for m, (_, _, missing) in table.items() if missing}))
+    """)
+    assert json.loads(python_says(code)) == {}
+
+
+@with_sdk
+def test_the_surface_snapshot_is_the_installed_sdks():
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests'); import sdk_surface; "
+        "print(json.dumps(sdk_surface.sdk_surface()))"
+    )
+    recorded = json.loads((TESTS / "sdk_surface.json").read_text())
+    assert json.loads(python_says(code, SDK_PYTHON).splitlines()[-1]) == recorded
+
+
+@without_sdk
+def test_probes_for_the_rest_of_dashscope_find_it_absent():
+    code = textwrap.dedent("""
+        import importlib.util, json
+        from runtime import sdk_compat
+
+        def attempt(action):
+            try:
+                action()
+                return "ok"
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        def import_(name):
+            return lambda: __import__(name)
+
+        out = {}
+        sdk_compat.install()
+        out["spec_before"] = importlib.util.find_spec("dashscope") is not None
+        out["import_before"] = attempt(import_("dashscope"))
+        from dashscope.finetune.reinforcement.common.utils import client_fc  # imports fine
+        import dashscope.finetune.reinforcement as r
+        import dashscope
+        out["subtree"] = r.AbstractRewardProcessor.__module__
+        out["generation"] = attempt(lambda: dashscope.Generation)
+        out["audio"] = attempt(import_("dashscope.audio"))
+        out["private"] = attempt(import_("dashscope.finetune.reinforcement.nothing_here"))
+        out["client_fc"] = attempt(client_fc)
+        sdk_compat.uninstall()
+        out["spec_after"] = importlib.util.find_spec("dashscope") is not None
+        print(json.dumps(out))
+    """)
+    out = json.loads(python_says(code))
+    assert out["spec_before"] is False and out["spec_after"] is False
+    assert out["import_before"] == "ModuleNotFoundError: No module named 'dashscope'"
+    assert out["subtree"] == "processors_base.processors"
+    absent = "the DashScope SDK is not installed. This process runs agentic-rl-runtime"
+    assert out["generation"].startswith("AttributeError: dashscope.Generation is not available")
+    assert absent in out["generation"]
+    assert out["audio"].startswith("ModuleNotFoundError: No module named 'dashscope.audio'")
+    assert absent in out["audio"] and absent in out["private"]
+    assert out["client_fc"].startswith("NotProvidedError: ")
+    assert "python -m runtime ship" in out["client_fc"]
+
+
+def test_task_status_prints_as_the_sdks():
+    from processors_base import ModelProtocol, RewardOutput, TaskStatus
+
+    assert str(TaskStatus.SUCCESS) == "TaskStatus.SUCCESS"
+    assert f"{TaskStatus.FAILED}" == "TaskStatus.FAILED"
+    assert str(ModelProtocol.OPENAI) == "ModelProtocol.OPENAI"
+    assert TaskStatus.SUCCESS == "success"  # still the value when compared and sent
+    assert RewardOutput(reward={"reward_score": 1}).model_dump(mode="json")["status"] == "success"
+
+
+@without_sdk
+def test_the_sdks_documented_components_behave_as_documented():
+    code = textwrap.dedent("""
+        import asyncio, copy, json
+        from runtime import sdk_compat
+        sdk_compat.install()
+        from dashscope.finetune.reinforcement import (
+            AbstractRewardProcessor, InputError, RewardInput, RewardOutput, Reward,
+            get_filepath_classname, reward_func, sub_reward_func)
+        from dashscope.finetune.reinforcement.component import FuncManager
+        from dashscope.finetune.reinforcement.component.func_decorator import (
+            RewardProcessorMeta, SubRewardFunction)
+        from dashscope.finetune.reinforcement.component.parser import RewardRequestParser
+        from dashscope.finetune.reinforcement.component.demo import (
+            DemoGroupRewardProcessor, DemoRolloutProcessor)
+        from dashscope.finetune.reinforcement.component.observability import (
+            is_tracing_enabled, rollout_context, current_trace_id_hex)
+
+        out = {}
+        parsed = RewardRequestParser().parse({"agent_output": {"messages": []}, "extra": 1})
+        out["parsed"] = [type(parsed).__name__, parsed.extra]
+
+        @reward_func("judge")
+        class Judge(AbstractRewardProcessor):
+            @sub_reward_func("len", sub_weight=0.5)
+            def length(self, input_data):
+                score = len(input_data.agent_output.messages)
+                return RewardOutput(reward=Reward(reward_score=score))
+
+        judge = Judge()
+        out["meta"] = [judge.reward_meta.processor_id, sorted(judge.reward_meta.sub_functions)]
+        sub = SubRewardFunction("s", print, 0.2)
+        sub.score = 3.0
+        out["copied_score"] = copy.deepcopy(sub).score
+        meta = RewardProcessorMeta("m")
+        out["copy_cached"] = meta.copy() is meta.copy()
+
+        manager = FuncManager("reward", judge)
+        out["parser"] = type(manager.parser).__name__
+        body = {"agent_output": {"messages": [{}, {}]}}
+        out["processed"] = asyncio.run(manager.processes(manager.parses(body))).reward.reward_score
+        out["executed"] = manager.execute(body).reward.reward_score
+
+        group = DemoGroupRewardProcessor().process(
+            __import__("processors_base").GroupRewardInput(
+                agent_outputs=[{"messages": [{"content": "x 4"}]}, {"messages": [{}]}, {}],
+                ground_truth=4))
+        out["group"] = [r.reward_score for r in group.reward.rewards]
+        rollout = DemoRolloutProcessor().process(__import__("processors_base").RolloutInput(
+            messages=[{"role": "user", "content": "hi"}],
+            model_resource={"model_name": "m", "base_url": "u", "api_key": "k"}))
+        out["echo"] = rollout.agent_output.messages[-1]["content"]
+
+        with rollout_context(rollout_id="ro-1"):
+            out["tracing"] = [is_tracing_enabled(), current_trace_id_hex()]
+        out["classpath"] = [get_filepath_classname("a/b.py:C"), get_filepath_classname("a.b.C")]
+        try:
+            get_filepath_classname("a/b.py:")
+        except InputError as exc:
+            out["bad_classpath"] = exc.error_code
+        print(json.dumps(out))
+    """)
+    out = json.loads(python_says(code))
+    assert out["parsed"] == ["RewardInput", 1]
+    assert out["meta"] == ["judge", ["len"]]
+    assert out["copied_score"] == 0.0 and out["copy_cached"] is True
+    assert out["parser"] == "RewardRequestParser"
+    assert out["processed"] == out["executed"] == 1.0  # 0.5 x 2 messages
+    assert out["group"] == [1.0, 0.5, 0.0]
+    assert out["echo"] == "[DemoRolloutProcessor Echo] hi"
+    assert out["tracing"] == [False, None]
+    assert out["classpath"] == [["a/b.py", "C"], ["a/b.py", "C"]]
+    assert out["bad_classpath"] == 1200
+
+
+# --- the SDK's example functions: our runtime and the SDK's own server, same answers -----
+
+ROLLOUT = {
+    "func_type": "rollout",
+    "messages": [{"role": "user", "content": "What is 6 * 7?"}],
+    "rollout_extra": {"source": "gsm8k"},
+    "request_metadata": {"job_id": "j", "sample_id": "s", "rollout_id": "r", "attempt_id": "a"},
+    "model_resource": {"model_name": "m", "base_url": "set per test", "api_key": "sk-example"},
+}
+EXAMPLES = [
+    ("functions.examples.reward", "DemoRewardProcessor", "reward"),
+    ("functions.examples.reward_decorator", "SafetyProcessor", "reward"),
+    ("functions.examples.group_reward", "DemoGroupRewardProcessor", "group_reward"),
+    ("functions.examples.rollout", "DemoRolloutProcessor", "rollout"),
+    ("functions.examples.rollout_only", "RolloutOnly", "rollout"),
+]
+
+
+def example_requests(func_type: str, llm_url: str) -> list[dict]:
+    if func_type == "reward":
+        toxic = {"role": "assistant", "content": "I hate this; I cannot help"}
+        return [
+            REWARD,
+            {**REWARD, "ground_truth": "7"},
+            {**REWARD, "ground_truth": None, "agent_output": {"messages": [toxic]}},
+            {"agent_output": {"messages": [], "rollout_metrics": {"latency": 0.5}}},
+        ]
+    if func_type == "group_reward":
+        return [GROUP, {**GROUP, "ground_truth": "q"}]
+    resource = {**ROLLOUT["model_resource"], "base_url": llm_url}
+    return [{**ROLLOUT, "model_resource": resource}]
+
+
+class SdkServer:
+    """The SDK's own server (its FastAPI app on uvicorn) serving one processor."""
+
+    def __init__(self, processor_class: str, func_type: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        env = {
+            **os.environ,
+            "FUNC_TYPE": func_type,
+            "PROCESSOR_CLASS": processor_class,
+            "PYTHONPATH": str(WORKSPACE),
+            "LOG_LEVEL": "WARNING",
+        }
+        command = [SDK_PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*command, f"{SDK}.component.server.server:app"],
+            cwd=WORKSPACE,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise AssertionError(f"SDK server exited:\n{self.log.read().decode()}")
+            with contextlib.suppress(httpx.TransportError):
+                if self.client.get("/health", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError("the SDK's server did not get ready")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self.client.close()
+        self.log.close()
+
+
+def answers_of(post, func_type: str, llm_url: str) -> list:
+    return [
+        [(r := post(body)).status_code, r.json()] for body in example_requests(func_type, llm_url)
+    ]
+
+
+def as_sdk_sends(ours: list, sdk: list) -> list:
+    """Our answer less the one documented difference: ``error_code``, which some of the
+    SDK's outputs lack (README, "differences"); everything else must be equal."""
+    status, body = ours
+    if "error_code" not in sdk[1] and body.get("error_code") is None:
+        body = {k: v for k, v in body.items() if k != "error_code"}
+    return [status, body]
+
+
+@with_sdk
+@pytest.mark.parametrize(("module", "name", "func_type"), EXAMPLES, ids=[e[1] for e in EXAMPLES])
+def test_the_sdks_example_functions_answer_as_under_its_own_server(
+    start_server, module, name, func_type
+):
+    pythons = [SDK_PYTHON] if HERE_HAS_SDK else [sys.executable, SDK_PYTHON]
+    with LLMStub(free_port()) as llm:
+        sdk = SdkServer(f"{module}.{name}", func_type)
+        try:
+            sdk.wait_ready()
+            expected = answers_of(
+                lambda b: sdk.client.post("/api/v1", json=b), func_type, llm.base_url
+            )
+            health = sdk.client.get("/health").json()
+        finally:
+            sdk.close()
+        for python in pythons:  # without the SDK (this interpreter), and with it
+            ours = start_server(f"{module}:{name}", workspace=WORKSPACE, python=python)
+            got = answers_of(ours.post, func_type, llm.base_url)
+            assert [as_sdk_sends(a, b) for a, b in zip(got, expected, strict=True)] == expected
+            mine = ours.client.get("/health").json()
+            assert {k: mine[k] for k in ("status", "processor", "parser")} == {
+                k: health[k] for k in ("status", "processor", "parser")
+            }
+    assert all(status == 200 for status, _ in expected)
