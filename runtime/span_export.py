@@ -1,0 +1,307 @@
+"""Span export out of the worker process: OTLP encoding and HTTP happen in a child.
+
+Encoding a span to OTLP protobuf costs more CPU than the request it describes, and in
+the worker it would share the GIL with the event loop. So the worker only turns each
+finished span into a plain tuple and appends it to a bounded queue; a sender thread
+ships batches of them through a pipe to one exporter process per worker, which rebuilds
+the spans and exports them with the standard OTLP/HTTP exporter (configured by the
+``OTEL_EXPORTER_OTLP_*`` variables, which it inherits). The split follows the
+OpenTelemetry Collector: the worker is the client, the child is receiver plus exporter.
+
+Guarantees: a request never waits on export (``on_end`` is a deque append). An exporter
+that is down or slow backs up the pipe, then the queue; spans beyond the queue
+(``OTEL_BSP_MAX_QUEUE_SIZE``) are dropped and counted, never waited for. ``force_flush``
+and ``shutdown`` hand every queued span to the child and wait, within their timeout, for
+its export: nothing is lost on a graceful stop. A child that dies is restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+
+__all__ = ["PipeSpanProcessor", "span_record"]
+
+log = logging.getLogger("runtime")
+
+# A finished span as plain data: cheap to build, to pickle and to rebuild.
+# (name, trace_id, span_id, flags, trace_state, parent_span_id, parent_is_remote, kind,
+#  start_ns, end_ns, attributes, events, links, status_code, status_description, scope)
+SpanRecord = tuple[Any, ...]
+
+
+def span_record(span: ReadableSpan) -> SpanRecord:
+    context = span.context
+    parent = span.parent
+    scope = span.instrumentation_scope
+    return (
+        span.name,
+        context.trace_id,
+        context.span_id,
+        int(context.trace_flags),
+        tuple(context.trace_state.items()),
+        parent.span_id if parent is not None else 0,
+        parent.is_remote if parent is not None else False,
+        span.kind.value,
+        span.start_time,
+        span.end_time,
+        dict(span.attributes or {}),
+        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
+        [
+            (link.context.trace_id, link.context.span_id, dict(link.attributes or {}))
+            for link in span.links
+        ],
+        span.status.status_code.value,
+        span.status.description,
+        (scope.name, scope.version) if scope is not None else ("", None),
+    )
+
+
+def _env_number(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, "")))
+    except ValueError:
+        return default
+
+
+class PipeSpanProcessor(SpanProcessor):
+    """Hands finished spans to the exporter process; see the module's docstring."""
+
+    def __init__(self, resource_attributes: Mapping[str, Any]) -> None:
+        self._resource = dict(resource_attributes)
+        self._delay = _env_number("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self._batch = _env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self._queue: deque[SpanRecord] = deque()
+        self._max_queue = _env_number("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self.dropped = 0
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # one pipe conversation at a time
+        self._stopped = False
+        self._child: Any = None
+        self._conn: Connection | None = None
+        self._sequence = 0
+        self._thread = threading.Thread(target=self._run, name="span-export", daemon=True)
+        self._thread.start()
+
+    # --- the request path: one tuple, one append -------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return
+        self.put(span_record(span))
+
+    def put(self, record: SpanRecord) -> None:
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10000 == 0:
+                log.warning("span export is behind: %d spans dropped so far", self.dropped)
+            return
+        queue.append(record)
+        if len(queue) >= self._batch:
+            self._wake.set()
+
+    # --- the sender thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            with self._lock:
+                if not self._stopped:
+                    self._send_queued()
+
+    def _send_queued(self) -> bool:
+        """Ship everything queued; False when the exporter process cannot be reached."""
+        queue = self._queue
+        while queue:
+            batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
+            if not self._send(("spans", batch)):
+                return False
+        return True
+
+    def _send(self, message: tuple[Any, ...]) -> bool:
+        for attempt in range(2):  # a dead child is replaced once per message
+            conn = self._conn or self._start_child()
+            if conn is None:
+                return False
+            try:
+                conn.send(message)
+                return True
+            except (OSError, EOFError, ValueError):
+                self._forget_child(f"the span exporter process stopped (attempt {attempt + 1})")
+        return False
+
+    def _start_child(self) -> Connection | None:
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        child = context.Process(
+            target=_exporter_main,
+            args=(theirs, self._resource),
+            name="span-exporter",
+            daemon=True,  # never outlives the worker
+        )
+        try:
+            child.start()
+        except OSError as exc:
+            log.warning("cannot start the span exporter process: %s", exc)
+            return None
+        theirs.close()
+        self._child, self._conn = child, ours
+        return ours
+
+    def _forget_child(self, reason: str) -> None:
+        log.warning("%s; starting a new one", reason)
+        if self._conn is not None:
+            self._conn.close()
+        if self._child is not None:
+            self._child.kill()
+            self._child.join(1)
+        self._child = self._conn = None
+
+    def _roundtrip(self, kind: str, timeout: float) -> bool:
+        """Send everything queued, then ``kind``; wait for the child's answer."""
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if not self._send_queued():
+                return False
+            self._sequence += 1
+            if self._conn is None or not self._send((kind, self._sequence)):
+                return False
+            conn = self._conn
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not conn.poll(left):
+                    return False
+                answer = conn.recv()
+                if answer == (kind, self._sequence):
+                    return True
+        except (OSError, EOFError):
+            return False
+        finally:
+            self._lock.release()
+
+    # --- flush and stop --------------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        if not self._queue and self._conn is None:
+            return True
+        return self._roundtrip("flush", timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        done = True
+        if self._queue or self._conn is not None:
+            done = self._roundtrip("stop", 10.0)
+        self._stopped = True
+        self._wake.set()
+        child = self._child
+        if child is not None:
+            child.join(1 if done else 0.1)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        if self._conn is not None:
+            self._conn.close()
+        if not done or self._queue:
+            log.warning("span export stopped before every span was exported")
+
+
+# --- the exporter process ----------------------------------------------------------------
+
+
+def _exporter_main(conn: Connection, resource_attributes: dict[str, Any]) -> None:
+    """Receives span records, exports them over OTLP/HTTP, answers flush and stop."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s span-exporter: %(message)s")
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+
+    exporter = OTLPSpanExporter()
+    resource = Resource.create(resource_attributes)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the worker is gone
+            break
+        kind = message[0]
+        if kind == "spans":
+            exporter.export(_rebuild(message[1], resource))
+        else:
+            exporter.force_flush()
+            with contextlib.suppress(OSError):
+                conn.send(message)
+            if kind == "stop":
+                break
+    exporter.shutdown()
+
+
+def _rebuild(records: Sequence[SpanRecord], resource: Any) -> list[ReadableSpan]:
+    from opentelemetry.sdk.trace import Event
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+    from opentelemetry.trace.status import Status, StatusCode
+
+    spans = []
+    for (
+        name,
+        trace_id,
+        span_id,
+        flags,
+        trace_state,
+        parent_id,
+        parent_remote,
+        kind,
+        start,
+        end,
+        attributes,
+        events,
+        links,
+        status_code,
+        status_description,
+        (scope_name, scope_version),
+    ) in records:
+        state = TraceState(list(trace_state))
+        context = SpanContext(trace_id, span_id, False, TraceFlags(flags), state)
+        parent = (
+            SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags), state)
+            if parent_id
+            else None
+        )
+        spans.append(
+            ReadableSpan(
+                name,
+                context=context,
+                parent=parent,
+                resource=resource,
+                attributes=attributes,
+                events=[Event(n, a, timestamp=t) for n, a, t in events],
+                links=[Link(SpanContext(t, s, False), a) for t, s, a in links],
+                kind=SpanKind(kind),
+                status=Status(StatusCode(status_code), status_description),
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=InstrumentationScope(scope_name, scope_version),
+            )
+        )
+    return spans
