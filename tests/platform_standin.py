@@ -84,6 +84,7 @@ class PlatformStandIn(ThreadedServer):
         self.layers: dict[str, dict[str, Any]] = {}
         self.entities: dict[str, dict[str, Any]] = {}
         self.instances: dict[str, Instance] = {}
+        self.started: list[Instance] = []  # every instance ever started, to check cleanup
         self.files: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, Job] = {}
         fc = f"{API}/fine-tunes"
@@ -269,7 +270,7 @@ class PlatformStandIn(ThreadedServer):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.instances[instance_id] = Instance(
+        self.instances[instance_id] = started = Instance(
             instance_id,
             request.path_params["entity"],
             uuid.uuid4().hex,
@@ -279,6 +280,7 @@ class PlatformStandIn(ThreadedServer):
             log,
             body,
         )
+        self.started.append(started)
         return JSONResponse(
             {
                 "request_id": _rid(),

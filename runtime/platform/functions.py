@@ -141,6 +141,7 @@ def check_imports(components: list[Component], reporter: Reporter) -> None:
         for zipdir, group in by_dir.items():
             targets = [[c.target, str(zipdir), c.kind] for c in group]
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+            env["PYTHONDONTWRITEBYTECODE"] = "1"  # write nothing into the workspace
             done = subprocess.run(
                 [sys.executable, "-m", "runtime.platform.importcheck", json.dumps(targets)],
                 cwd=zipdir,
@@ -264,7 +265,8 @@ def register(
             _poll(
                 poll_interval,
                 wait_timeout,
-                f"waiting for instance {c.instance_id}",
+                f"waiting for instance {c.instance_id} to be active (its logs: "
+                f"python -m runtime instance logs {c.instance_id})",
                 lambda c=c: (
                     True if _instance(platform, str(c.instance_id)).get("status") == 2 else None
                 ),

@@ -26,7 +26,8 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 __all__ = [
@@ -246,7 +247,7 @@ class Platform:
         self._notify(f"{reason}, retry {state.attempt_number} in {wait:.0f} s")
 
 
-_backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
+_backoff = wait_exponential(multiplier=0.5, max=8.0) + wait_random(0, 0.5)
 
 
 def _wait(state: RetryCallState) -> float:
