@@ -1,7 +1,6 @@
 """Admission control: at most ``concurrency`` requests processed at once, at most ``queue``
-more admitted and waiting for a slot, and an immediate 503 beyond that. The decision is
-made before the body is read, so an overloaded worker spends nothing on a request it
-cannot take.
+more admitted and waiting for a slot, and an immediate 503 beyond that; and a budget of
+body bytes held at once (``max_buffered``), counted while bodies are being read.
 
 A slot is a count, not a token owned by a task: the request's task takes it, and whoever
 ends the request gives it back (the request's task, or the deadline's responder when that

@@ -236,7 +236,10 @@ class FunctionApp:
         function = self.function
         input_data = None
         interrupt = _Interrupt(self, send, scope, started)
-        send = interrupt.send  # drops what comes after a 504 sent at the deadline
+        # Error answers go through interrupt.send, which drops them once _overdue has sent the
+        # 504; a 200 never can come after it (its deadline was cancelled first), so it
+        # keeps the direct path.
+        asgi_send, send = send, interrupt.send
         status, code, message = 200, "", ""
         error: BaseException | None = None  # user code's exception: its traceback is logged
         try:
@@ -262,7 +265,7 @@ class FunctionApp:
                     interrupt.reason = "shutdown"  # uvicorn cancels what runs past --grace
                 interrupt.absorb()
             if not interrupt.reason:
-                await _send(send, 200, output)
+                await _send(asgi_send, 200, output)
             elif interrupt.reason == "disconnect":
                 status, code = 499, errors.CLIENT_DISCONNECTED
                 message = "client disconnected; processing was cancelled"
