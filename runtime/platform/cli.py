@@ -521,7 +521,7 @@ def _emit(result: dict[str, Any], fmt: str, *, lines: bool = False) -> None:
             print(line)
     elif isinstance(result.get("jobs"), list):
         _table(result["jobs"], ("job_id", "job_name", "status", "model", "create_time"))
-        print(f"page {result.get('page_no')} of {result.get('total')} job(s) in all")
+        print(f"page {result.get('page_no')}, {result.get('total')} job(s) in all")
     else:
         width = max((len(k) for k in result), default=0)
         for key, value in result.items():
