@@ -329,26 +329,16 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
     outputs = {sub.name: results[sub.name][0] for sub in subs}  # registration order
 
     failed = [name for name, out in outputs.items() if out.status == TaskStatus.FAILED]
-    errors = _errors_of(self) if failed else None
-    messages = []
-    for name in failed:
-        exc = results[name][1]
-        if exc is not None:
-            detail = f"{type(exc).__name__}: {exc}"
-            messages.append(outputs[name].error or detail)
-        else:  # it returned a failed output rather than raising
-            detail = f"returned status failed: {outputs[name].error or 'no error given'}"
-            messages.append(f"sub-reward {name!r} {detail}")
-        assert errors is not None
-        errors.report(type(self).__name__, name, detail, exc)
-
-    if errors is not None and errors.mode == "fail":
-        return RewardOutput(
-            reward=Reward(reward_score=0.0, reward_metrics=_metrics(self, outputs, failed)),
-            status=TaskStatus.FAILED,
-            error="; ".join(messages),
-            error_code=SUB_REWARD_ERROR,
-        )
+    if failed:
+        errors = _errors_of(self)
+        messages = [_reported(errors, self, name, *results[name]) for name in failed]
+        if errors.mode == "fail":
+            return RewardOutput(
+                reward=Reward(reward_score=0.0, reward_metrics=_metrics(self, outputs, failed)),
+                status=TaskStatus.FAILED,
+                error="; ".join(messages),
+                error_code=SUB_REWARD_ERROR,
+            )
     if registry.aggregate is not None:
         return await dispatch.call(self, registry.aggregate, outputs)
     return RewardOutput(
@@ -357,6 +347,24 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
             reward_metrics=_metrics(self, outputs, failed) or None,  # none at all: as the SDK
         )
     )
+
+
+def _reported(
+    errors: SubRewardErrors,
+    processor: Any,
+    name: str,
+    output: RewardOutput,
+    exc: BaseException | None,
+) -> str:
+    """Report one failed sub-reward; its message for a failed result."""
+    if exc is not None:
+        detail = f"{type(exc).__name__}: {exc}"
+        message = output.error or detail
+    else:  # it returned a failed output rather than raising
+        detail = f"returned status failed: {output.error or 'no error given'}"
+        message = f"sub-reward {name!r} {detail}"
+    errors.report(type(processor).__name__, name, detail, exc)
+    return message
 
 
 def _metrics(self: Any, outputs: dict[str, RewardOutput], failed: list[str]) -> dict[str, float]:

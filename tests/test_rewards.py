@@ -432,3 +432,26 @@ def test_reward_func_used_bare_takes_the_class_name() -> None:
 
     assert registry_of(Bare).processor_id == "Bare"
     assert run(Bare()).reward.reward_score == 0.5
+
+
+def test_a_sub_reward_that_returns_status_failed_counts_as_failed() -> None:
+    @reward_func("says_failed")
+    class SaysFailed(AbstractRewardProcessor):
+        @sub_reward_func("s")
+        def s(self, input_data: RewardInput) -> RewardOutput:
+            return RewardOutput(
+                reward=Reward(reward_score=0.5), status=TaskStatus.FAILED, error="no judge"
+            )
+
+    seen: list[str] = []
+    zero = SaysFailed()
+    zero._runtime_sub_reward_errors = SubRewardErrors(on_failure=seen.append)
+    result = run(zero)
+    assert result.status is TaskStatus.SUCCESS and result.reward.reward_score == 0.5
+    assert result.reward.reward_metrics == {"s": 0.5, "s.failed": 1.0}
+    assert seen == ["s"]
+    fail = SaysFailed()
+    fail._runtime_sub_reward_errors = SubRewardErrors(mode="fail")
+    result = run(fail)
+    assert result.status is TaskStatus.FAILED
+    assert result.error == "sub-reward 's' returned status failed: no judge"
