@@ -457,7 +457,7 @@ def test_the_sdks_documented_components_behave_as_documented():
     assert out["echo"] == "[DemoRolloutProcessor Echo] hi"
     assert out["tracing"] == [False, None]
     assert out["classpath"] == [["a/b.py", "C"], ["a/b.py", "C"]]
-    assert out["bad_classpath"] == 1200
+    assert out["bad_classpath"] == 1100  # InputError's code, as in the SDK
 
 
 # --- the SDK's example functions: our runtime and the SDK's own server, same answers -----

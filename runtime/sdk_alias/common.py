@@ -34,8 +34,10 @@ class _Coded:
     @property
     def root_cause(self) -> BaseException:
         error: BaseException = self  # type: ignore[assignment]
-        while error.__cause__ is not None:
+        seen = {id(error)}
+        while error.__cause__ is not None and id(error.__cause__) not in seen:
             error = error.__cause__
+            seen.add(id(error))
         return error
 
 
@@ -67,22 +69,22 @@ def _error(name: str, base: type, code: int) -> type:
     return type(name, (base,), {"default_code": code, "__module__": __name__})
 
 
-IOErrorWithCode = _error("IOErrorWithCode", AgenticRLError, 1100)
-InputError = _error("InputError", AgenticRLError, 1200)
-OutputError = _error("OutputError", AgenticRLError, 1300)
-BaseConnectionError = _error("BaseConnectionError", AgenticRLError, 1400)
-OSSConnectionError = _error("OSSConnectionError", BaseConnectionError, 1401)
-OSSUploadError = _error("OSSUploadError", BaseConnectionError, 1402)
-DeploymentError = _error("DeploymentError", AgenticRLError, 1450)
-RegistrationError = _error("RegistrationError", DeploymentError, 1451)
+IOErrorWithCode = _error("IOErrorWithCode", AgenticRLError, 1800)
+InputError = _error("InputError", AgenticRLError, 1100)
+OutputError = _error("OutputError", AgenticRLError, 1200)
+BaseConnectionError = _error("BaseConnectionError", AgenticRLError, 1300)
+OSSConnectionError = _error("OSSConnectionError", BaseConnectionError, 1310)
+OSSUploadError = _error("OSSUploadError", BaseConnectionError, 1320)
+DeploymentError = _error("DeploymentError", AgenticRLError, 1400)
+RegistrationError = _error("RegistrationError", DeploymentError, 1410)
 DatasetsError = _error("DatasetsError", DeploymentError, 1460)
-FunctionLoadError = _error("FunctionLoadError", DeploymentError, 1452)
-FunctionLayerError = _error("FunctionLayerError", DeploymentError, 1453)
-InstanceWarmupError = _error("InstanceWarmupError", DeploymentError, 1454)
-InstanceQueryError = _error("InstanceQueryError", DeploymentError, 1455)
+FunctionLoadError = _error("FunctionLoadError", DeploymentError, 1420)
+FunctionLayerError = _error("FunctionLayerError", DeploymentError, 1450)
+InstanceWarmupError = _error("InstanceWarmupError", DeploymentError, 1430)
+InstanceQueryError = _error("InstanceQueryError", DeploymentError, 1440)
 ValidationError = _error("ValidationError", AgenticRLError, 1500)
-ConfigurationError = _error("ConfigurationError", ValidationError, 1501)
-BasePermissionError = _error("BasePermissionError", AgenticRLError, 1600)
+ConfigurationError = _error("ConfigurationError", ValidationError, 1510)
+BasePermissionError = _error("BasePermissionError", AgenticRLError, 1700)
 
 ERRORS = {
     cls.__name__: cls
