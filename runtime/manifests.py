@@ -27,7 +27,7 @@ __all__ = ["add_manifests_command", "build_manifests", "run_manifests"]
 IMAGE_UID = 10001
 _DEFAULTS = Settings()
 # Settings that describe the image or this machine rather than how the pod serves.
-_NOT_PASSED = {"target", "workspace", "host", "port"}
+_NOT_PASSED = {"target", "workspace", "host", "port", "min_replicas", "max_replicas"}
 
 
 def add_manifests_command(commands: Any) -> None:
@@ -46,8 +46,6 @@ def add_manifests_command(commands: Any) -> None:
     parser.add_argument("--name", help="name of the objects (default: from the class name)")
     parser.add_argument("--namespace", help="namespace of the objects (default: none given)")
     parser.add_argument("--knative", action="store_true", help="a Knative Service instead")
-    parser.add_argument("--min-replicas", type=int, default=1, metavar="N")
-    parser.add_argument("--max-replicas", type=int, default=10, metavar="N")
     parser.add_argument("--cpu", default="1", help="CPU request per pod (default 1)")
     parser.add_argument("--memory", default="1Gi", help="memory request and limit (default 1Gi)")
     parser.add_argument(
@@ -66,8 +64,8 @@ def run_manifests(args: argparse.Namespace) -> int:
     if not settings.target:
         print("error: no TARGET given (nor PROCESSOR_CLASS)", file=sys.stderr)
         return 2
-    if not 1 <= args.min_replicas <= args.max_replicas:
-        print("error: need 1 <= --min-replicas <= --max-replicas", file=sys.stderr)
+    if settings.min_replicas > settings.max_replicas:
+        print("error: --min-replicas is more than --max-replicas", file=sys.stderr)
         return 2
     documents = build_manifests(
         settings,
@@ -75,8 +73,8 @@ def run_manifests(args: argparse.Namespace) -> int:
         name=args.name,
         namespace=args.namespace,
         knative=args.knative,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
+        min_replicas=settings.min_replicas,
+        max_replicas=settings.max_replicas,
         cpu=args.cpu,
         memory=args.memory,
         target_cpu=args.target_cpu,
@@ -97,7 +95,7 @@ def build_manifests(
     namespace: str | None = None,
     knative: bool = False,
     min_replicas: int = 1,
-    max_replicas: int = 10,
+    max_replicas: int = 8,
     cpu: str = "1",
     memory: str = "1Gi",
     target_cpu: int = 70,

@@ -87,7 +87,7 @@ def test_knative_service() -> None:
     spec = template["spec"]
     assert spec["containerConcurrency"] == 16
     assert spec["timeoutSeconds"] == 600
-    assert template["metadata"]["annotations"]["autoscaling.knative.dev/max-scale"] == "10"
+    assert template["metadata"]["annotations"]["autoscaling.knative.dev/max-scale"] == "8"
     (container,) = spec["containers"]
     assert "PORT" not in env_of(container)  # Knative sets it
     assert container["readinessProbe"]["httpGet"] == {"path": "/health"}
@@ -114,8 +114,10 @@ def test_bad_options_exit_2() -> None:
             TARGET,
             "--image",
             "x",
+            "--min-replicas",
+            "3",
             "--max-replicas",
-            "0",
+            "2",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
@@ -54,3 +55,16 @@ class SyncHangReward(AbstractRewardProcessor):
         if _answer(input_data) == "HANG":
             time.sleep(3600)
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class PidReward(AbstractRewardProcessor):
+    """Says which process answered and how many times setup() ran in it."""
+
+    setups = 0
+
+    def setup(self) -> None:
+        PidReward.setups += 1
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        metrics = {"pid": float(os.getpid()), "setups": float(PidReward.setups)}
+        return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics=metrics))

@@ -1,0 +1,162 @@
+"""``serve --ray``: the same ASGI app as a Ray Serve application.
+
+Each replica builds the app the way a worker does (import the target, one ``setup()``),
+and only counts as started once ``setup()`` has finished, so Serve routes no request to
+a replica that would answer "starting". Serve's router and proxy do the rest: at most
+``--concurrency`` requests in flight per replica (``max_ongoing_requests``), ``--queue``
+more waiting (``max_queued_requests``, then 503), replicas fixed (``--replicas N``) or
+autoscaled on requests in flight (``--replicas auto``, target 70% of ``--concurrency``),
+a replica that dies replaced. ``/health``, ``/metrics`` and the trainer protocols are
+served through Serve's HTTP proxy on ``--host``/``--port``; ``/metrics`` is the answering
+replica's own.
+
+With ``RAY_ADDRESS`` set, the application joins that cluster (the workspace travels to it
+as the replicas' ``working_dir``); otherwise a local cluster is started in this process.
+SIGTERM or SIGINT deletes the application (and stops a cluster started here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from runtime.config import Settings
+
+__all__ = ["serve_on_ray"]
+
+log = logging.getLogger("runtime")
+
+_STARTING = "starting"
+
+
+def serve_on_ray(settings: Settings) -> int:
+    """Deploy, serve until SIGTERM/SIGINT, then delete the application; the exit code."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no reporting home
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        log.error("--ray needs Ray Serve: pip install -e '.[ray]' (or pip install 'ray[serve]')")
+        return 2
+    if settings.workers > 1:
+        log.warning("--workers is ignored with --ray: Ray Serve runs --replicas instead")
+    joined = bool(os.environ.get("RAY_ADDRESS"))
+    # Replicas import the target from their working directory: the workspace, shipped.
+    runtime_env = {"working_dir": os.path.abspath(settings.workspace)}
+    if joined:
+        ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
+    else:
+        ray.init(runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
+    name = settings.target.replace(":", ".").rsplit(".", 1)[-1]
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.run(_application(settings, name), name=name, route_prefix="/")
+        log.info(
+            "ready: %s on Ray Serve at http://%s:%d (%s replicas)",
+            name,
+            settings.host,
+            settings.port,
+            settings.replicas,
+        )
+        _wait_for_signal()
+        log.info("stopping: deleting the Ray Serve application %s", name)
+        serve.delete(name)
+    except Exception as exc:  # a replica's setup() failed, a port was taken...
+        log.error("Ray Serve: %s: %s", type(exc).__name__, exc)
+        return 3
+    finally:
+        if not joined:
+            serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _application(settings: Settings, name: str) -> Any:
+    from ray import serve
+
+    replica_settings = dataclasses.replace(settings, workspace=".", workers=1)
+    options: dict[str, Any] = {
+        "name": name,
+        "max_ongoing_requests": settings.concurrency,
+        "max_queued_requests": settings.queue if settings.queue > 0 else 1,
+        "graceful_shutdown_timeout_s": settings.grace,
+        "ray_actor_options": {"num_cpus": settings.ray_replica_cpus},
+    }
+    if settings.replicas == "auto":
+        options["autoscaling_config"] = {
+            "min_replicas": settings.min_replicas,
+            "max_replicas": settings.max_replicas,
+            "target_ongoing_requests": max(1, round(settings.concurrency * 0.7)),
+        }
+    else:
+        options["num_replicas"] = int(settings.replicas)
+    deployment = serve.deployment(**options)(serve.ingress()(FunctionReplica))
+    return deployment.bind(dataclasses.asdict(replica_settings))
+
+
+class FunctionReplica:
+    """One Serve replica: the function's app, as one worker of ``serve`` would run it."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._function_settings = Settings(**settings)
+        self._function_app: Any = None  # not "app": the Serve wrapper has one
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from runtime.app import FunctionApp
+        from runtime.function import Function
+        from runtime.loading import load_target
+        from runtime.tracing import Tracing
+
+        settings = self._function_settings
+        logging.getLogger("runtime").setLevel(settings.log_level.upper())  # Ray owns handlers
+        target = load_target(settings.target, settings.workspace, settings.func_type)
+        function = Function(target, isolation=settings.isolation, processes=settings.processes)
+        tracing = Tracing(target.func_type.value, target.name) if settings.tracing else None
+        self._function_app = FunctionApp(function, settings, tracing)
+        return _StartedWhenReady(self._function_app)
+
+    async def check_health(self) -> None:
+        """Serve's health check: a replica whose app is not serving is replaced."""
+        app = self._function_app
+        if app is None or app.state != "healthy":
+            raise RuntimeError(f"the function is {getattr(app, 'state', 'not built')}")
+
+
+class _StartedWhenReady:
+    """The app, whose lifespan startup completes only once ``setup()`` has finished (and
+    fails if it failed), so that Serve counts the replica as started only then."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        failed = asyncio.Event()
+        self.app.on_fatal = failed.set
+
+        async def send_when_ready(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                while self.app.state == _STARTING and not failed.is_set():
+                    await asyncio.sleep(0.05)
+                if failed.is_set():
+                    message = {"type": "lifespan.startup.failed", "message": "setup() failed"}
+            await send(message)
+
+        await self.app(scope, receive, send_when_ready)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    sys.stdout.flush()
