@@ -230,8 +230,8 @@ def _exporter_main(conn: Connection, resource_attributes: dict[str, Any]) -> Non
     """Receives span records, exports them over OTLP/HTTP, answers flush and stop."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when we stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C reaches the whole process group: the worker, draining, decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s span-exporter: %(message)s")
 
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -112,8 +112,8 @@ class Tracing:
         if metadata is not None:
             for key, name in _IDS:
                 value = getattr(metadata, name)
-                context = baggage.set_baggage(key, value, context)
                 if value is not None:
+                    context = baggage.set_baggage(key, value, context)
                     attributes[key] = str(value)
         # the request's secrets, blanked in what spans record, were bound by the app
         if request_id:
