@@ -575,3 +575,58 @@ def test_the_sdks_example_functions_answer_as_under_its_own_server(
                 k: health[k] for k in ("status", "processor", "parser")
             }
     assert all(status == 200 for status, _ in expected)
+
+
+@without_sdk
+def test_the_sdks_tracing_helpers_record_on_the_runtimes_tracing():
+    code = textwrap.dedent("""
+        import json
+        from opentelemetry import baggage, trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from runtime import sdk_compat
+        sdk_compat.install()
+        from dashscope.finetune.reinforcement import RewardInput
+        from dashscope.finetune.reinforcement.component.demo import DemoRewardProcessor
+        from dashscope.finetune.reinforcement.component.observability import (
+            AGENTIC_RL_ROLLOUT_ID_BAGGAGE_KEY, current_trace_id_hex,
+            dashscope_response_to_output_messages, get_tracer, is_tracing_enabled,
+            openai_chat_messages_to_input_messages, rollout_context,
+            run_with_genai_llm_span, trace_processor_process)
+
+        out = {"before": is_tracing_enabled()}
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        out["after"] = is_tracing_enabled()
+        with rollout_context(rollout_id="ro-1"):
+            out["baggage"] = baggage.get_baggage(AGENTIC_RL_ROLLOUT_ID_BAGGAGE_KEY)
+            with get_tracer().start_as_current_span("outer"):
+                out["trace_id"] = len(current_trace_id_hex() or "")
+                answer = run_with_genai_llm_span(
+                    lambda q: {"model": "m-1", "output": {"text": q}}, "hi",
+                    provider="dashscope", request_model="m")
+                scored = trace_processor_process(
+                    "reward", DemoRewardProcessor(),
+                    RewardInput(agent_output={"messages": [{"content": "42"}]}, ground_truth=42))
+        out["answer"] = answer["output"]["text"]
+        out["score"] = scored.reward.reward_score
+        out["spans"] = sorted(s.name for s in exporter.get_finished_spans())
+        tool_reply = {"role": "tool", "tool_call_id": "c", "content": "4"}
+        question = {"role": "user", "content": "q"}
+        inputs = openai_chat_messages_to_input_messages([question, tool_reply])
+        out["inputs"] = [[m.role, type(m.parts[0]).__name__] for m in inputs]
+        outputs = dashscope_response_to_output_messages({"output": {"text": "a"}})
+        out["outputs"] = [[m.role, m.parts[0].content, m.finish_reason] for m in outputs]
+        print(json.dumps(out))
+    """)
+    out = json.loads(python_says(code))
+    assert (out["before"], out["after"]) == (False, True)
+    assert out["baggage"] == "ro-1" and out["trace_id"] == 32
+    assert out["answer"] == "hi" and out["score"] == 1.0
+    assert out["spans"] == ["chat m", "outer", "reward DemoRewardProcessor"]
+    assert out["inputs"] == [["user", "Text"], ["tool", "ToolCallResponse"]]
+    assert out["outputs"] == [["assistant", "a", "stop"]]
