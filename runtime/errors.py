@@ -1,8 +1,10 @@
 """Stable machine codes of every error the runtime answers with, and the JSON body.
 
 Every error body carries ``status: "failed"``, a human ``error`` message, an
-``error_code`` from this list (the README's error table mirrors it) and ``detail``:
-one entry per offending field for INVALID_INPUT, else the message again.
+``error_code`` from this list (the README's error table mirrors it), ``detail`` (one
+entry per offending field for INVALID_INPUT, else the message again: where FastAPI-style
+clients look) and ``message`` (the message again: where the SDK's clients look). A 500
+or 504 body also has the function's output shape (see ``Function.failure``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import orjson
 # 400
 INVALID_JSON = "INVALID_JSON"
 NOT_AN_OBJECT = "NOT_AN_OBJECT"
+BAD_REQUEST = "BAD_REQUEST"  # not valid HTTP/1.1 (answered by the protocol, runtime.protocol)
 # 404 / 405
 NOT_FOUND = "NOT_FOUND"
 METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+# 408: the client did not send its headers or body within --body-timeout
+REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
 # 413
 BODY_TOO_LARGE = "BODY_TOO_LARGE"
 # 422
 INVALID_INPUT = "INVALID_INPUT"
 FUNC_TYPE_MISMATCH = "FUNC_TYPE_MISMATCH"
+# 431
+HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
 # 500 (the body then has the function's output shape)
 PROCESSOR_ERROR = "PROCESSOR_ERROR"
 INVALID_OUTPUT = "INVALID_OUTPUT"
@@ -38,7 +45,27 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 CLIENT_DISCONNECTED = "CLIENT_DISCONNECTED"
 
 
+def safe_text(text: str) -> str:
+    """``text`` as valid UTF-8: a lone surrogate (from bytes decoded with surrogateescape,
+    say) becomes a visible ``\\udcff`` escape instead of breaking the JSON encoder."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+def fields(code: str, message: str, detail: Any = None) -> dict[str, Any]:
+    """The error fields every error body carries."""
+    message = safe_text(message)
+    return {
+        "status": "failed",
+        "error": message,
+        "error_code": code,
+        "detail": message if detail is None else detail,
+        "message": message,
+    }
+
+
 def error_body(code: str, message: str, detail: Any = None) -> bytes:
-    # ``detail`` is also where FastAPI-style clients (the SDK server's) look for the reason.
-    body = {"status": "failed", "error": message, "error_code": code}
-    return orjson.dumps({**body, "detail": message if detail is None else detail})
+    return orjson.dumps(fields(code, message, detail))

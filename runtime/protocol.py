@@ -1,0 +1,208 @@
+"""HTTP/1.1 on uvicorn's httptools protocol, bounded against hostile or broken clients.
+
+uvicorn (0.54) has settings for an idle keep-alive timeout (``timeout_keep_alive``, used
+as is) and for h11's incomplete-event size, but none for the httptools parser it runs by
+default: no limit on the number or total size of request headers (one connection sending
+millions of tiny headers grew a worker to gigabytes), no deadline for reading them (a
+connection that never finishes its headers is held forever), and no cap on open
+connections (``limit_concurrency`` only answers 503 once a request's headers are in, and
+keeps the connection). Its own error answers are text/plain. This subclass adds what is
+missing and answers every error as the runtime's JSON error body:
+
+- more than ``max_headers`` headers, or more than ``max_header_bytes`` of request line and
+  headers: 431, the connection closed as soon as the limit is passed (the parser never
+  holds more than the limit plus one read);
+- headers not complete within ``read_timeout`` seconds of the request's first byte (or of
+  the connection, for one that sends nothing): 408 (a connection that sent nothing is
+  closed silently, as after the keep-alive timeout);
+- more than ``max_connections`` connections open in this worker: the new one is answered
+  503 with Retry-After and closed at once, before anything is read;
+- a request that is not valid HTTP/1.1 (a bad Content-Length, a smuggling attempt): 400.
+
+The body has its own deadline and budget, enforced by the app (``runtime.app``). This
+relies on uvicorn internals (the parser callbacks, ``cycle``, ``connections``), which is
+why ``pyproject.toml`` bounds uvicorn to the versions tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from runtime import errors
+
+__all__ = ["GuardedHttpToolsProtocol", "protocol_class", "raw_error"]
+
+log = logging.getLogger("runtime")
+
+
+def raw_error(status: int, code: str, message: str, retry_after: bool = False) -> bytes:
+    """A complete HTTP/1.1 error response with the JSON error body; the connection closes."""
+    body = errors.error_body(code, message)
+    head = [
+        b"HTTP/1.1 %d %s" % (status, http.HTTPStatus(status).phrase.encode()),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+    ]
+    if retry_after:
+        head.append(b"retry-after: 1")
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+class _Rejected(Exception):
+    """Raised in a parser callback to stop parsing a request we will not take."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    max_connections = 1024
+    read_timeout = 10.0
+    max_headers = 100
+    max_header_bytes = 64 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._in_headers = False  # between a request's first byte and its end of headers
+        self._header_count = 0
+        self._header_bytes = 0  # request line and headers, as the parser reports them
+        self._raw_bytes = 0  # whole reads that arrived while still in the headers
+        self._rejection: bytes | None = None
+
+    # --- connections ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:
+            self.transport = transport
+            message = f"this worker has {self.max_connections} connections open; retry later"
+            transport.write(raw_error(503, errors.OVERLOADED, message, retry_after=True))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm_read_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_read_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        whole_read_in_headers = self._in_headers
+        super().data_received(data)
+        if self._rejection is not None or self.transport.is_closing():
+            return
+        if self._in_headers:
+            if whole_read_in_headers:
+                # A value still being received is held by the parser: bound it here too.
+                self._raw_bytes += len(data)
+                if self._raw_bytes > self.max_header_bytes:
+                    self._reject_headers()
+        elif (
+            self._read_timer is None
+            and self.timeout_keep_alive_task is None
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            self._arm_read_timer()  # bytes between requests: bounded like a request's headers
+
+    def send_400_response(self, msg: str) -> None:
+        if self._rejection is not None:
+            payload = self._rejection
+        else:
+            message = "not a valid HTTP/1.1 request (request line, headers or body framing)"
+            payload = raw_error(400, errors.BAD_REQUEST, message)
+        self._cancel_read_timer()
+        self.transport.write(payload)
+        self.transport.close()
+
+    # --- parser callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._header_count = 0
+        self._header_bytes = 0
+        self._raw_bytes = 0
+        if self._read_timer is None:
+            self._arm_read_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        if self._header_bytes > self.max_header_bytes:
+            self._reject_headers(raise_=True)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_count > self.max_headers or self._header_bytes > self.max_header_bytes:
+            self._reject_headers(raise_=True)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_read_timer()
+        super().on_headers_complete()
+
+    # --- limits ----------------------------------------------------------------------------
+
+    def _reject_headers(self, raise_: bool = False) -> None:
+        message = (
+            f"request headers exceed {self.max_headers} headers or {self.max_header_bytes} bytes"
+        )
+        self._rejection = raw_error(431, errors.HEADERS_TOO_LARGE, message)
+        if raise_:
+            raise _Rejected  # the parser turns it into an error: send_400_response sends ours
+        self.send_400_response(message)
+
+    def _arm_read_timer(self) -> None:
+        self._read_timer = self.loop.call_later(self.read_timeout, self._read_timed_out)
+
+    def _cancel_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_headers:
+            message = f"request headers not received within {self.read_timeout:g}s"
+            self._rejection = raw_error(408, errors.REQUEST_TIMEOUT, message)
+            self.send_400_response(message)
+        elif self.cycle is None or self.cycle.response_complete:
+            self.transport.close()  # nothing asked: close quietly, as keep-alive does
+
+
+KEEP_ALIVE_SECONDS = 5  # uvicorn's timeout_keep_alive: an idle connection is closed after it
+_FD_RESERVE = 64  # descriptors kept for logs, isolation pipes, outgoing calls of user code
+
+
+def connection_cap(requested: int) -> int:
+    """``requested``, kept below the open-files limit so that a connection flood can never
+    take the last descriptors (and /health with them)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    reserve = min(_FD_RESERVE, soft // 4)
+    if soft == resource.RLIM_INFINITY or requested <= soft - reserve:
+        return requested
+    cap = max(1, soft - reserve)
+    log.warning(
+        "--max-connections %d lowered to %d: the open-files limit (ulimit -n) is %d",
+        requested,
+        cap,
+        soft,
+    )
+    return cap
+
+
+def protocol_class(*, max_connections: int, read_timeout: float) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for one server's settings (uvicorn instantiates it per connection)."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"max_connections": max_connections, "read_timeout": read_timeout},
+    )

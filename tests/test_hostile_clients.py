@@ -1,0 +1,330 @@
+"""Hostile or broken clients and user code that fails in odd ways: every answer is the
+documented JSON, and nothing grows without bound. Raw sockets for clients that do not
+speak HTTP properly; the real server as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from conftest import ROOT, TESTS, Server, free_port, reward_body
+
+ERROR_FIELDS = {"status", "error", "error_code", "detail", "message"}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def connect(server: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    return sock
+
+
+def read_response(sock: socket.socket, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    """One whole HTTP response (status, headers, body) from a raw socket."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed without a response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside the body"
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def assert_json_error(headers: dict[str, str], body: bytes, code: str) -> dict:
+    assert headers["content-type"] == "application/json"
+    data = orjson.loads(body)
+    assert data.keys() >= ERROR_FIELDS, data
+    assert data["status"] == "failed" and data["error_code"] == code
+    assert data["message"] == data["error"]
+    return data
+
+
+def closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes ``sock`` (reads to EOF) within ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def send_until_refused(sock: socket.socket, chunk: bytes, limit: int) -> int:
+    """Sends ``chunk`` until the server stops reading (or ``limit`` bytes); bytes sent."""
+    sent = 0
+    sock.settimeout(10)
+    try:
+        while sent < limit:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        pass
+    return sent
+
+
+# --- headers ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "start, chunk",
+    [
+        (b"POST /api/v1 HTTP/1.1\r\nHost: x\r\n", b"a: b\r\n" * 10_000),  # many tiny headers
+        (b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * 65536),  # one huge value
+    ],
+    ids=["many-headers", "huge-value"],
+)
+def test_header_floods_get_431_and_memory_stays_flat(start_server, start: bytes, chunk: bytes):
+    server = start_server("workspace.fns:EchoReward")
+    before = rss_mb(server.proc.pid)
+    with connect(server) as sock:
+        sock.sendall(start)
+        sent = send_until_refused(sock, chunk, limit=64 * 1024 * 1024)
+        status, headers, body = read_response(sock)
+    assert status == 431
+    assert_json_error(headers, body, "HEADERS_TOO_LARGE")
+    assert sent < 16 * 1024 * 1024, f"the server kept reading headers: {sent} bytes"
+    assert rss_mb(server.proc.pid) - before < 20
+    assert server.post(reward_body()).status_code == 200  # and it still serves
+
+
+def test_unfinished_headers_get_408_and_silent_connections_are_closed(start_server):
+    server = start_server("workspace.fns:EchoReward")  # --body-timeout 10 s by default
+    partial = [connect(server) for _ in range(20)]
+    for sock in partial:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    silent = connect(server)
+    for sock in partial:
+        status, headers, body = read_response(sock)
+        assert status == 408
+        assert_json_error(headers, body, "REQUEST_TIMEOUT")
+        assert closed_by_server(sock, 30)
+        sock.close()
+    assert closed_by_server(silent, 30)  # nothing asked: closed without an answer
+    silent.close()
+
+
+def test_connections_beyond_the_cap_are_answered_503_at_once(start_server):
+    server = start_server("workspace.fns:EchoReward", "--max-connections", "8")
+    held = [connect(server) for _ in range(8)]
+    for sock in held:  # each holds a connection of the worker by never finishing its headers
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+    with connect(server) as extra:  # (the fixture's own keep-alive connection may be one more)
+        status, headers, body = read_response(extra)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert_json_error(headers, body, "OVERLOADED")
+        assert closed_by_server(extra, 30)
+    for sock in held:
+        sock.close()
+    deadline = time.monotonic() + 30
+    while True:  # freed places are taken again
+        try:
+            if httpx.get(f"{server.url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_invalid_http_gets_a_json_400(start_server):
+    server = start_server("workspace.fns:EchoReward")
+    for request in (
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ):
+        with connect(server) as sock:
+            sock.sendall(request)
+            status, headers, body = read_response(sock)
+        assert status == 400, request
+        assert_json_error(headers, body, "BAD_REQUEST")
+
+
+# --- bodies ----------------------------------------------------------------------------
+
+
+def _start_body(server: Server, length: int, first: bytes = b"{") -> socket.socket:
+    sock = connect(server)
+    sock.sendall(
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (length, first)
+    )
+    return sock
+
+
+def test_stalled_bodies_get_408_and_never_hold_an_admission_place(start_server):
+    # --body-timeout 10 s by default
+    server = start_server("workspace.fns:EchoReward", "--concurrency", "1", "--queue", "0")
+    stalled = [_start_body(server, 100) for _ in range(4)]
+    started = time.monotonic()
+    # Admission counts a request only once its body is in: the stalled ones hold no place.
+    assert server.post(reward_body()).status_code == 200
+    for sock in stalled:
+        status, headers, body = read_response(sock)
+        assert status == 408
+        assert_json_error(headers, body, "REQUEST_TIMEOUT")
+        assert closed_by_server(sock, 30)
+        sock.close()
+    assert time.monotonic() - started < 30  # at --body-timeout, not at --timeout (600 s)
+    assert server.post(reward_body()).status_code == 200
+    assert 'status="408"} 4.0' in server.client.get("/metrics").text
+
+
+def test_buffered_bodies_are_bounded_by_max_buffered(start_server):
+    server = start_server(
+        "workspace.fns:EchoReward",
+        "--max-body",
+        "1000000",
+        "--max-buffered",
+        "2000000",
+        "--body-timeout",
+        "30",
+    )
+    holding = [_start_body(server, 1_000_000, b" " * 500_000) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while True:  # once the two announced bodies are held, the budget is spent
+        response = server.post(reward_body())
+        if response.status_code == 503:
+            break
+        assert response.status_code == 200 and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert response.headers["retry-after"] == "1"
+    data = assert_json_error(response.headers, response.content, "OVERLOADED")
+    assert "--max-buffered" in data["error"]
+    for sock in holding:  # a client that goes away gives its share back at once
+        sock.close()
+    while server.post(reward_body()).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+# --- errors that once escaped ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["BaseExceptionReward", "SyncBaseExceptionReward"])
+def test_any_failure_of_user_code_is_a_json_500_counted_as_500(start_server, target):
+    server = start_server(f"workspace.hostile_fns:{target}")
+    secret = "sk-ZmFrZS1rZXk-hostile"
+    for kind in ("surrogate", "exit", "interrupt"):
+        body = reward_body(**{"raise": kind})
+        body["model_resource"] = {"api_key": secret}
+        response = server.post(body)
+        assert response.status_code == 500, (kind, response.text)
+        data = assert_json_error(response.headers, response.content, "PROCESSOR_ERROR")
+        assert data["reward"] == {"reward_score": 0.0, "reward_metrics": None}
+        expected = {
+            "surrogate": "ValueError: cannot decode b'\\xff': \\udcff",
+            "exit": "SystemExit: 4",
+            "interrupt": "KeyboardInterrupt",
+        }[kind]
+        assert data["error"].startswith(expected)
+    assert server.client.get("/health").status_code == 200  # SystemExit stopped nothing
+    counted = [
+        line
+        for line in server.client.get("/metrics").text.splitlines()
+        if line.startswith("rl_function_requests_total{")
+    ]
+    assert counted == ['rl_function_requests_total{func_type="reward",status="500"} 3.0']
+    server.terminate()
+    output = server.output()
+    assert output.count(" 500 ") >= 3, output  # the request log says 500 for each
+    assert "Exception in ASGI application" not in output
+    assert secret not in output
+
+
+def test_every_error_body_has_the_documented_fields(start_server):
+    server = start_server("workspace.fns:RaisingReward", "--max-body", "1000")
+    cases = [
+        (server.post(b"{"), 400, "INVALID_JSON"),
+        (server.post({"agent_output": 3}), 422, "INVALID_INPUT"),
+        (server.post(b"{" + b" " * 2000 + b"}"), 413, "BODY_TOO_LARGE"),
+        (server.client.get("/nope"), 404, "NOT_FOUND"),
+        (server.client.get("/api/v1"), 405, "METHOD_NOT_ALLOWED"),
+        (server.post(reward_body()), 500, "PROCESSOR_ERROR"),
+    ]
+    for response, status, code in cases:
+        assert response.status_code == status, response.text
+        assert_json_error(response.headers, response.content, code)
+
+
+def test_a_trailing_slash_is_served_and_nothing_redirects(start_server):
+    server = start_server("workspace.fns:EchoReward")
+    response = server.client.post("/api/v1/", json=reward_body(), headers={"Host": "evil.example"})
+    assert response.status_code == 200 and "location" not in response.headers
+    assert response.json()["reward"]["reward_score"] == 1.0
+    response = server.client.get("/health/", headers={"Host": "evil.example"})
+    assert response.status_code == 404 and "location" not in response.headers
+    assert_json_error(response.headers, response.content, "NOT_FOUND")
+
+
+# --- startup failures ------------------------------------------------------------------
+
+
+def _serve(target: str, *args: str, port: int | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "runtime", "serve", target, "--host", "127.0.0.1"]
+    command += ["--port", str(port or free_port()), *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("PORT", "WORKERS_COUNT")}
+    return subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("target", ["ExitInSetupReward", "AsyncExitInSetupReward"])
+def test_sys_exit_in_setup_is_a_failed_setup(target, workers):
+    result = _serve(f"workspace.hostile_fns:{target}", "--workers", workers)
+    assert result.returncode == 3, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert any("setup() failed: SystemExit: no GPU found" in line for line in errors), errors
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_exits_2_with_one_line(workers):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve("workspace.fns:EchoReward", "--workers", workers, port=port)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"port {port}" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_processes_default_to_the_cpus_this_process_may_use():
+    # Pinned to one CPU on a machine with more: one isolation process, not os.cpu_count().
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "from runtime.config import Settings; from runtime.function import usable_cpus;"
+        "print(Settings().processes, usable_cpus())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["0", "1"]  # 0: decided when the pool starts, from affinity and quota
