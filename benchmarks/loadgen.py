@@ -3,7 +3,11 @@ latency (wrk reports latency over all responses; the overload scenario needs the
 latency of accepted requests alone). Clients back off briefly on a 503, as the
 platform's retrying clients do.
 
-    python benchmarks/loadgen.py URL BODY_FILE CONNECTIONS SECONDS  -> JSON on stdout
+    python benchmarks/loadgen.py URL BODY_FILE CONNECTIONS SECONDS [RATE]  -> JSON on stdout
+
+With RATE (requests per second over all connections) the load is open-loop: request i
+is due at ``start + i / RATE`` and its latency counts from when it was due if every
+connection was still busy then (no coordinated omission), else from when it was sent.
 """
 
 from __future__ import annotations
@@ -44,18 +48,73 @@ async def _connection(
         writer.close()
 
 
-async def run(url: str, body: bytes, connections: int, seconds: float) -> list[tuple[int, float]]:
+class _Schedule:
+    """Hands out the due times of an open-loop load at ``rate`` requests per second."""
+
+    def __init__(self, rate: float, seconds: float) -> None:
+        self._start = time.perf_counter()
+        self._interval = 1.0 / rate
+        self._count = int(rate * seconds)
+        self._next = 0
+
+    def take(self) -> float | None:
+        if self._next >= self._count:
+            return None
+        due = self._start + self._next * self._interval
+        self._next += 1
+        return due
+
+
+async def _paced_connection(
+    host: str, port: int, path: str, body: bytes, schedule: _Schedule,
+    results: list[tuple[int, float]],
+) -> None:  # fmt: skip
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while (due := schedule.take()) is not None:
+            free = time.perf_counter()
+            if due > free:
+                await asyncio.sleep(due - free)
+                started = time.perf_counter()  # on time: our timer's lateness is not latency
+            else:
+                started = due  # it waited for a connection: that wait is latency
+            writer.write(request)
+            status = int((await reader.readline()).split()[1])
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            results.append((status, time.perf_counter() - started))
+    except (ConnectionError, asyncio.IncompleteReadError):
+        results.append((-1, 0.0))
+    finally:
+        writer.close()
+
+
+async def run(
+    url: str, body: bytes, connections: int, seconds: float, rate: float | None = None
+) -> list[tuple[int, float]]:
     parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
     results: list[tuple[int, float]] = []
-    until = time.monotonic() + seconds
-    await asyncio.gather(
-        *(
-            _connection(
-                parts.hostname or "127.0.0.1", parts.port or 80, parts.path, body, until, results
-            )
+    if rate:
+        schedule = _Schedule(rate, seconds)
+        clients = [
+            _paced_connection(host, port, parts.path, body, schedule, results)
             for _ in range(connections)
-        )
-    )
+        ]
+    else:
+        until = time.monotonic() + seconds
+        clients = [
+            _connection(host, port, parts.path, body, until, results) for _ in range(connections)
+        ]
+    await asyncio.gather(*clients)
     return results
 
 
@@ -66,13 +125,14 @@ def main() -> None:
         int(sys.argv[3]),
         float(sys.argv[4]),
     )
+    rate = float(sys.argv[5]) if len(sys.argv) > 5 else None
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    results = asyncio.run(run(url, Path(body_file).read_bytes(), connections, seconds))
+    results = asyncio.run(run(url, Path(body_file).read_bytes(), connections, seconds, rate))
     json.dump(results, sys.stdout)
 
 

@@ -1,12 +1,15 @@
 """Side-by-side benchmark: this runtime, the DashScope SDK's function server, and a bare
 ASGI app on the same uvicorn, one worker each, in one run, on loopback.
 
-    python benchmarks/run.py                 # about 4 minutes; writes benchmarks/RESULTS.md
+    python benchmarks/run.py                 # about 6 minutes; writes benchmarks/RESULTS.md
     python benchmarks/run.py --duration 5    # shorter runs
+    python benchmarks/run.py --profile       # also py-spy profiles of the echo scenario
 
-The SDK is installed into a scratch virtual environment (benchmarks/.sdk-venv) at
-benchmark time only; it is never a dependency of the project. Load comes from wrk
-(Debian's package) and, for the overload scenario, benchmarks/loadgen.py.
+The SDK is compared at its best: its server on ``uvicorn[standard]`` (uvloop and
+httptools, as this runtime runs), with the plain install as a second row. Both are
+installed into scratch virtual environments (benchmarks/.sdk-*-venv) at benchmark time
+only; the SDK is never a dependency of the project. Load comes from wrk (Debian's
+package) and, for the overload and fixed-rate scenarios, benchmarks/loadgen.py.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SDK_VENV = HERE / ".sdk-venv"
+SDK_VENVS = {"best": HERE / ".sdk-std-venv", "plain": HERE / ".sdk-plain-venv"}
+SDK_INSTALL = {"best": ["dashscope", "uvicorn[standard]"], "plain": ["dashscope"]}
 PY = sys.executable
 BODY = json.dumps(
     {
@@ -44,7 +48,38 @@ BODY = json.dumps(
         },
     }
 )
-TARGETS = {"s1_ratio": 6.0, "s3_fraction": 0.9, "cold_ratio": 0.5, "rss_ratio": 1.0}
+TARGETS = {
+    "s1_ratio": 6.0,
+    "s1_bare": 0.6,
+    "s2_ratio": 4.0,
+    "s3_fraction": 0.9,
+    "cold_ratio": 0.5,
+    "rss_ratio": 1.0,
+    "tracing": 0.8,
+}
+
+
+def group_body(outputs: int = 64, answer_chars: int = 3000) -> str:
+    """A group reward request of realistic size: ``outputs`` trajectories of a few KB."""
+    answer = ("Let us work through it step by step. " * (answer_chars // 37 + 1))[:answer_chars]
+    return json.dumps(
+        {
+            "func_type": "group_reward",
+            "ground_truth": "42",
+            "agent_outputs": [
+                {
+                    "messages": [
+                        {"role": "system", "content": "You are a careful math tutor."},
+                        {"role": "user", "content": f"Problem {i}: what is 6 times 7?"},
+                        {"role": "assistant", "content": f"{answer} The answer is 42."},
+                    ],
+                    "rollout_extra": {"index": i, "tool_calls": 2},
+                    "rollout_metrics": {"turns": 3.0, "tokens": 812.0},
+                }
+                for i in range(outputs)
+            ],
+        }
+    )
 
 
 def free_port() -> int:
@@ -53,12 +88,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def ensure_sdk() -> Path:
-    python = SDK_VENV / "bin" / "python"
+def ensure_sdk(kind: str) -> Path:
+    venv = SDK_VENVS[kind]
+    python = venv / "bin" / "python"
     if not python.exists():
-        print("installing the DashScope SDK into benchmarks/.sdk-venv ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(SDK_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "dashscope"], check=True)
+        print(f"installing the DashScope SDK into {venv.name} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", *SDK_INSTALL[kind]], check=True
+        )
     return python
 
 
@@ -137,8 +175,11 @@ class Server:
                 self.proc.wait()
 
 
+RUNTIME_ROOT: str | None = None  # --root: serve the runtime from another checkout
+
+
 def runtime_server(cls: str, *extra: str) -> Server:
-    return Server(
+    server = Server(
         "runtime",
         [
             PY,
@@ -155,20 +196,24 @@ def runtime_server(cls: str, *extra: str) -> Server:
             *extra,
         ],
     )
+    if RUNTIME_ROOT:
+        server.env["PYTHONPATH"] = RUNTIME_ROOT
+    return server
 
 
-def sdk_server(cls: str, sdk_python: Path, logging: bool = True) -> Server:
+def sdk_server(
+    cls: str, sdk: dict[str, Path], kind: str = "best", func_type: str = "reward"
+) -> Server:
     env = {
-        "FUNC_TYPE": "reward",
+        "FUNC_TYPE": func_type,
         "PROCESSOR_CLASS": f"functions.sdk.{cls}",
         "WORKERS_COUNT": "1",
         "PYTHONPATH": str(HERE),
     }
-    if not logging:
-        env["ENABLE_LOGGING"] = "false"
+    name = "sdk, uvicorn[standard]" if kind == "best" else "sdk, plain uvicorn"
     server = Server(
-        "sdk" if logging else "sdk (logging off)",
-        [str(sdk_python), "-m", "dashscope.finetune.reinforcement.component.server.server"],
+        name,
+        [str(sdk[kind]), "-m", "dashscope.finetune.reinforcement.component.server.server"],
         env,
     )
     server.env["SERVER_PORT"] = str(server.port)
@@ -220,7 +265,9 @@ def wrk(wrk_bin: str, url: str, connections: int, seconds: float, script: Path) 
     }
 
 
-def loadgen(url: str, connections: int, seconds: float, body_file: Path) -> dict[str, float]:
+def loadgen(
+    url: str, connections: int, seconds: float, body_file: Path, rate: float | None = None
+) -> dict[str, float]:
     out = subprocess.run(
         [
             PY,
@@ -229,6 +276,7 @@ def loadgen(url: str, connections: int, seconds: float, body_file: Path) -> dict
             str(body_file),
             str(connections),
             str(seconds),
+            *([f"{rate:.0f}"] if rate else []),
         ],
         capture_output=True,
         text=True,
@@ -287,15 +335,73 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, Linux {platform.release()}, Python {platform.python_version()}"
 
 
+def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]]:
+    """py-spy's samples of ``server`` over ``seconds``: the top frames by own time."""
+    assert server.proc is not None
+    subprocess.run(
+        [PY_SPY, "record", "--pid", str(server.proc.pid), "--duration", f"{seconds:.0f}",
+         "--rate", "250", "--format", "raw", "--nonblocking", "--output", str(out)],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    own: dict[str, int] = {}
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        leaf = stack.rsplit(";", 1)[-1]
+        leaf = re.sub(r" \(/.*?site-packages/", " (", leaf)
+        leaf = re.sub(r" \(/[^)]*/(runtime|processors_base)/", r" (\1/", leaf)
+        own[leaf] = own.get(leaf, 0) + int(count)
+        total += int(count)
+    return [(frame, n / total) for frame, n in sorted(own.items(), key=lambda x: -x[1])[:15]]
+
+
+PY_SPY = shutil.which("py-spy", path=f"{Path(PY).parent}:{os.environ.get('PATH', '')}") or "py-spy"
+
+CODEC_PROBE = r"""
+import json, sys, time
+body = open(sys.argv[1], "rb").read()
+from {package} import GroupRewardInput, GroupRewardOutput, GroupReward, Reward
+def once():
+    data = json.loads(body)
+    model = GroupRewardInput.model_validate(data)
+    out = GroupRewardOutput(reward=GroupReward(rewards=[Reward(reward_score=1.0) for _ in model.agent_outputs]))
+    return {serialise}
+for _ in range(20): once()
+started = time.perf_counter()
+for _ in range(200): once()
+print((time.perf_counter() - started) / 200)
+"""
+
+
+def codec_seconds(python: str, package: str, body_file: Path, serialise: str) -> float:
+    """Seconds one group request spends in JSON parsing, validation and serialisation."""
+    code = CODEC_PROBE.replace("{package}", package).replace("{serialise}", serialise)
+    out = subprocess.run(
+        [python, "-c", code, str(body_file)], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": RUNTIME_ROOT or str(ROOT)},
+    )  # fmt: skip
+    return float(out.stdout.strip())
+
+
 def main() -> None:
+    global RUNTIME_ROOT
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    parser.add_argument(
+        "--profile", action="store_true", help="profile the runtime in scenario 1 with py-spy"
+    )
+    parser.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only profile the runtime on the echo reward; print the top frames",
+    )
+    parser.add_argument("--root", help="serve the runtime from this checkout (profile a commit)")
     args = parser.parse_args()
+    RUNTIME_ROOT = args.root
     seconds = args.duration
-    sdk_python = ensure_sdk()
     wrk_bin = ensure_wrk()
     work = Path(tempfile.mkdtemp(prefix="rl-bench-"))
     script = work / "post.lua"
@@ -305,14 +411,41 @@ def main() -> None:
     )
     body_file = work / "body.json"
     body_file.write_text(BODY)
+    group_file = work / "group.json"
+    group_file.write_text(group_body())
+    group_script = work / "group.lua"
+    group_script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(group_file.read_text())}\n"
+    )
 
-    def drive(connections: int) -> callable:  # type: ignore[valid-type]
-        return lambda server: wrk(wrk_bin, server.url, connections, seconds, script)
+    def drive(connections: int, lua: Path = script) -> callable:  # type: ignore[valid-type]
+        return lambda server: wrk(wrk_bin, server.url, connections, seconds, lua)
 
-    def warm(connections: int) -> callable:  # type: ignore[valid-type]
-        return lambda server: wrk(wrk_bin, server.url, connections, 2, script)
+    def warm(connections: int, lua: Path = script) -> callable:  # type: ignore[valid-type]
+        return lambda server: wrk(wrk_bin, server.url, connections, 2, lua)
 
+    if args.profile_only:
+        server = runtime_server("EchoReward")
+        server.start()
+        try:
+            warm(32)(server)
+            load = subprocess.Popen(
+                [wrk_bin, "-t1", "-c32", f"-d{seconds + 2:g}s", "-s", str(script),
+                 f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            frames = profile(server, seconds, work / "profile.txt")
+            load.wait()
+        finally:
+            server.stop()
+        for frame, share in frames:
+            print(f"{share:6.1%}  {frame}")
+        shutil.rmtree(work, ignore_errors=True)
+        return
+
+    sdk = {kind: ensure_sdk(kind) for kind in SDK_VENVS}
     rows: list[tuple[str, str, dict[str, float]]] = []
+    profiled: list[tuple[str, float]] = []
 
     def record(
         scenario: str, server: Server, run: callable, warmup: callable | None = None
@@ -322,18 +455,36 @@ def main() -> None:
         rows.append((scenario, server.name, result))
         return result
 
+    def echo_with_profile(server: Server) -> dict[str, float]:
+        result = drive(32)(server)
+        if args.profile:
+            load = subprocess.Popen(
+                [wrk_bin, "-t1", "-c32", f"-d{seconds + 2:g}s", "-s", str(script),
+                 f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            profiled.extend(profile(server, seconds, work / "profile.txt"))
+            load.wait()
+        return result
+
     print("scenario 1: async echo reward, 32 connections", file=sys.stderr)
     s1 = {
-        "runtime": record("1 async echo", runtime_server("EchoReward"), drive(32), warm(32)),
-        "sdk": record("1 async echo", sdk_server("EchoReward", sdk_python), drive(32), warm(32)),
+        "runtime": record(
+            "1 async echo", runtime_server("EchoReward"), echo_with_profile, warm(32)
+        ),
+        "sdk": record("1 async echo", sdk_server("EchoReward", sdk), drive(32), warm(32)),
+        "sdk plain": record(
+            "1 async echo", sdk_server("EchoReward", sdk, "plain"), drive(32), warm(32)
+        ),
+        "bare": record("1 async echo", bare_server(), drive(32), warm(32)),
     }
-    record("1 async echo", sdk_server("EchoReward", sdk_python, logging=False), drive(32), warm(32))
-    s1["bare"] = record("1 async echo", bare_server(), drive(32), warm(32))
 
     print("scenario 2: sync echo reward, 32 connections", file=sys.stderr)
     s2 = {
         "runtime": record("2 sync echo", runtime_server("SyncEchoReward"), drive(32), warm(32)),
-        "sdk": record("2 sync echo", sdk_server("SyncEchoReward", sdk_python), drive(32), warm(32)),
+        "sdk": record("2 sync echo", sdk_server("SyncEchoReward", sdk), drive(32), warm(32)),
+        "sdk plain": record(
+            "2 sync echo", sdk_server("SyncEchoReward", sdk, "plain"), drive(32), warm(32)
+        ),
     }
 
     print("scenario 3: I/O-bound async reward (100 ms), 400 connections", file=sys.stderr)
@@ -344,9 +495,7 @@ def main() -> None:
             drive(400),
             warm(400),
         ),
-        "sdk": record(
-            "3 async wait 100ms", sdk_server("WaitReward", sdk_python), drive(400), warm(400)
-        ),
+        "sdk": record("3 async wait 100ms", sdk_server("WaitReward", sdk), drive(400), warm(400)),
         "bare": record("3 async wait 100ms", bare_server(wait=0.1), drive(400), warm(400)),
     }
 
@@ -361,7 +510,7 @@ def main() -> None:
         ),
         "sdk": record(
             "4 overload 2x",
-            sdk_server("WaitReward", sdk_python),
+            sdk_server("WaitReward", sdk),
             lambda server: loadgen(server.url, 200, seconds, body_file),
         ),
     }
@@ -378,26 +527,65 @@ def main() -> None:
         sink.stop()
     s5["off"] = s1["runtime"]
 
-    print("scenario 6: cold start (process start to the first 200 from /health)", file=sys.stderr)
+    print("scenario 6: group reward, 64 trajectories of 3 KB, 8 connections", file=sys.stderr)
+    s6 = {
+        "runtime": record(
+            "6 group reward 64x3KB",
+            runtime_server("GroupEcho"),
+            drive(8, group_script),
+            warm(8, group_script),
+        ),
+        "sdk": record(
+            "6 group reward 64x3KB",
+            sdk_server("GroupEcho", sdk, func_type="group_reward"),
+            drive(8, group_script),
+            warm(8, group_script),
+        ),
+    }
+    s6["runtime codec"] = codec_seconds(
+        PY, "processors_base", group_file, "out.__pydantic_serializer__.to_json(out)"
+    )
+    s6["sdk codec"] = codec_seconds(
+        str(sdk["best"]), "dashscope.finetune.reinforcement", group_file,
+        "json.dumps(out.model_dump())",
+    )  # fmt: skip
+
+    print("scenario 7: latency at half of each server's echo maximum", file=sys.stderr)
+    s7 = {
+        "runtime": record(
+            "7 echo at half max rate",
+            runtime_server("EchoReward"),
+            lambda server: loadgen(server.url, 32, seconds, body_file, s1["runtime"]["rps"] / 2),
+        ),
+        "sdk": record(
+            "7 echo at half max rate",
+            sdk_server("EchoReward", sdk),
+            lambda server: loadgen(server.url, 32, seconds, body_file, s1["sdk"]["rps"] / 2),
+        ),
+    }
+
+    print("scenario 8: cold start (process start to the first 200 from /health)", file=sys.stderr)
     cold = {
         "runtime": cold_start(lambda: runtime_server("EchoReward")),
-        "sdk": cold_start(lambda: sdk_server("EchoReward", sdk_python)),
+        "sdk": cold_start(lambda: sdk_server("EchoReward", sdk)),
         "bare": cold_start(bare_server),
     }
 
-    report = render(rows, s1, s2, s3, s4, s5, cold, seconds)
+    report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled)
     Path(args.output).write_text(report)
     print(report)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def render(rows, s1, s2, s3, s4, s5, cold, seconds) -> str:  # type: ignore[no-untyped-def]
+def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled) -> str:  # type: ignore[no-untyped-def]
     lines = [
         "# Benchmark results",
         "",
         f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine()}.",
         f"One worker per server; load from wrk (1 thread) or benchmarks/loadgen.py on the same machine, "
-        f"{seconds:g} s per run after a 2 s warm-up. Produced by `python benchmarks/run.py`.",
+        f"{seconds:g} s per run after a 2 s warm-up. Produced by `python benchmarks/run.py`. "
+        "The SDK's server runs at its best, on `uvicorn[standard]` (uvloop, httptools) as this runtime "
+        "does; `sdk, plain uvicorn` is its default install.",
         "",
         "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | peak RSS MB |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -417,10 +605,13 @@ def render(rows, s1, s2, s3, s4, s5, cold, seconds) -> str:  # type: ignore[no-u
         "",
     ]
     ratio1 = s1["runtime"]["rps"] / s1["sdk"]["rps"]
+    bare1 = s1["runtime"]["rps"] / s1["bare"]["rps"]
     ratio2 = s2["runtime"]["rps"] / s2["sdk"]["rps"]
     fraction3 = s3["runtime"]["rps"] / 4000
     cold_ratio = cold["runtime"] / cold["sdk"]
     rss_ratio = s1["runtime"]["rss_mb"] / s1["sdk"]["rss_mb"]
+    tracing = s5["on"]["rps"] / s5["off"]["rps"]
+    share = {k: s6[f"{k} codec"] * s6[k]["rps"] for k in ("runtime", "sdk")}
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "**missed**"
@@ -428,32 +619,52 @@ def render(rows, s1, s2, s3, s4, s5, cold, seconds) -> str:  # type: ignore[no-u
     lines += [
         "| ratio | value | target | |",
         "|---|---:|---:|---|",
-        f"| scenario 1: runtime / SDK req/s | {ratio1:.1f}x | >= {TARGETS['s1_ratio']:g}x | "
+        f"| scenario 1: runtime / SDK at its best, req/s | {ratio1:.1f}x | >= {TARGETS['s1_ratio']:g}x | "
         f"{verdict(ratio1 >= TARGETS['s1_ratio'])} |",
-        f"| scenario 1: runtime / bare ASGI ceiling req/s | {s1['runtime']['rps'] / s1['bare']['rps']:.2f} | | |",
-        f"| scenario 2: runtime / SDK req/s (sync) | {ratio2:.1f}x | | |",
+        f"| scenario 1: runtime / SDK on plain uvicorn, req/s | {s1['runtime']['rps'] / s1['sdk plain']['rps']:.1f}x | | |",
+        f"| scenario 1: runtime / bare ASGI app, req/s | {bare1:.2f} | >= {TARGETS['s1_bare']:g} | "
+        f"{verdict(bare1 >= TARGETS['s1_bare'])} |",
+        f"| scenario 2: runtime / SDK at its best, req/s (sync) | {ratio2:.1f}x | >= {TARGETS['s2_ratio']:g}x | "
+        f"{verdict(ratio2 >= TARGETS['s2_ratio'])} |",
         f"| scenario 3: runtime req/s / bound (400 / 0.1 s) | {fraction3:.2f} | >= {TARGETS['s3_fraction']:g} | "
         f"{verdict(fraction3 >= TARGETS['s3_fraction'])} |",
         f"| scenario 3: SDK req/s / bound | {s3['sdk']['rps'] / 4000:.2f} | | |",
         f"| scenario 4: runtime share of 503 / p99 of accepted ms | {s4['runtime']['share_503']:.0%} / "
         f"{s4['runtime']['p99']:.0f} | | |",
         f"| scenario 4: runtime peak RSS under overload MB | {s4['runtime']['rss_mb']:.0f} | bounded | |",
+        f"| scenario 5: tracing on / off req/s (echo reward) | {tracing:.2f} | >= {TARGETS['tracing']:g} | "
+        f"{verdict(tracing >= TARGETS['tracing'])} |",
+        f"| scenario 6: runtime / SDK req/s (group reward, 64 x 3 KB) | {s6['runtime']['rps'] / s6['sdk']['rps']:.1f}x | | |",
+        f"| scenario 6: share of time in JSON, validation, serialisation: runtime / SDK | "
+        f"{share['runtime']:.0%} / {share['sdk']:.0%} | | |",
+        f"| scenario 7: p50 / p99 ms at half max rate: runtime ({s7['runtime']['rps']:.0f} req/s) | "
+        f"{s7['runtime']['p50']:.2f} / {s7['runtime']['p99']:.2f} | | |",
+        f"| scenario 7: p50 / p99 ms at half max rate: SDK ({s7['sdk']['rps']:.0f} req/s) | "
+        f"{s7['sdk']['p50']:.2f} / {s7['sdk']['p99']:.2f} | | |",
         f"| cold start: runtime / SDK | {cold_ratio:.2f} | <= {TARGETS['cold_ratio']:g} | "
         f"{verdict(cold_ratio <= TARGETS['cold_ratio'])} |",
         f"| peak RSS per worker: runtime / SDK | {rss_ratio:.2f} | <= {TARGETS['rss_ratio']:g} | "
         f"{verdict(rss_ratio <= TARGETS['rss_ratio'])} |",
-        f"| scenario 5: tracing on / off req/s (echo reward) | {s5['on']['rps'] / s5['off']['rps']:.2f} | >= 0.85 | "
-        f"{verdict(s5['on']['rps'] / s5['off']['rps'] >= 0.85)} |",
         "",
-        "Notes: the SDK server logs a line per request by default (the `sdk (logging off)` row sets its",
-        "`ENABLE_LOGGING=false`); this runtime logs only failed and slow requests by default. The SDK",
-        "server has no admission limit for async processors, so in scenario 4 it queues every request",
-        "instead of answering 503. In scenario 5 the OTLP sink (benchmarks/otlp_sink.py) accepts and",
-        "discards every export, so the figure is the exporting server's own cost: creating one span per",
-        "request and encoding it to OTLP protobuf in the batch processor's thread, which shares the",
-        "GIL with the event loop.",
+        "Notes: the SDK server logs a line per request by default; this runtime logs only failed and",
+        "slow requests by default. The SDK server has no admission limit for async processors, so in",
+        "scenario 4 it queues every request instead of answering 503. In scenario 5 the OTLP sink",
+        "(benchmarks/otlp_sink.py) accepts and discards every export; the spans are encoded and sent",
+        "by the runtime's exporter process, whose CPU time is not the worker's. In scenario 6 the",
+        "share is the time one request spends in JSON parsing, model validation and serialisation",
+        "(measured in-process, on each side's own models) times the served rate. Scenario 7 is an",
+        "open-loop load (benchmarks/loadgen.py with a rate) at half of each server's scenario-1 rate.",
         "",
     ]
+    if profiled:
+        lines += [
+            "## Profile of scenario 1 (this runtime, py-spy, own time per frame)",
+            "",
+            "| share | frame |",
+            "|---:|---|",
+            *(f"| {share:.1%} | `{frame}` |" for frame, share in profiled),
+            "",
+        ]
     return "\n".join(lines)
 
 

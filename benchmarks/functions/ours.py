@@ -2,7 +2,16 @@
 
 import asyncio
 
-from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
+from processors_base import (
+    AbstractGroupRewardProcessor,
+    AbstractRewardProcessor,
+    GroupReward,
+    GroupRewardInput,
+    GroupRewardOutput,
+    Reward,
+    RewardInput,
+    RewardOutput,
+)
 
 
 class EchoReward(AbstractRewardProcessor):
@@ -19,3 +28,9 @@ class WaitReward(AbstractRewardProcessor):
     async def process(self, input_data: RewardInput) -> RewardOutput:
         await asyncio.sleep(0.1)
         return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class GroupEcho(AbstractGroupRewardProcessor):
+    async def process(self, input_data: GroupRewardInput) -> GroupRewardOutput:
+        rewards = [Reward(reward_score=len(o.messages or [])) for o in input_data.agent_outputs]
+        return GroupRewardOutput(reward=GroupReward(rewards=rewards))
