@@ -47,7 +47,9 @@ def cli(
     key: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("DASHSCOPE_", "FC_"))}
+    # a user's environment: no platform settings, and Python writes bytecode caches
+    skip = ("DASHSCOPE_", "FC_", "PYTHONDONTWRITEBYTECODE")
+    full = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
     full.update(DASHSCOPE_HTTP_BASE_URL=platform.base_url)
     if key != "":
         full["DASHSCOPE_API_KEY"] = key or platform.api_key
@@ -437,3 +439,98 @@ def test_job_wait_exits_non_zero_when_the_job_fails(platform, workspace):
     (job_id,) = platform.jobs
     again = cli(platform, "job", "wait", job_id, "-o", "json")
     assert again.returncode == 1 and json.loads(again.stdout)["status"] == "FAILED"
+
+
+EXAMPLE_CLASSES = {
+    "functions/rollout/rollout.py": (
+        "from processors_base import AbstractRolloutProcessor, RolloutOutput\n\n\n"
+        "class CalcXRolloutProcessor(AbstractRolloutProcessor):\n"
+        "    async def process(self, input_data):\n"
+        "        return RolloutOutput()\n"
+    ),
+    "functions/reward/reward.py": (
+        "from processors_base import AbstractRewardProcessor, Reward, RewardOutput\n\n\n"
+        "class DemoRewardProcessor(AbstractRewardProcessor):\n"
+        "    async def process(self, input_data):\n"
+        "        return RewardOutput(reward=Reward(reward_score=1.0))\n"
+    ),
+}
+
+
+@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="the spec's examples are not here")
+def test_the_sdk_example_job_replays_the_spec_captured_request_shapes(platform, tmp_path):
+    """The SDK's own job.yaml and opd-job.yaml, run as they are: the requests have the
+    shapes the spec captured from the SDK (§2.4-2.7, §4.2, §5.5), apart from the documented
+    differences (one layer for both functions, learning_rate a number)."""
+    ws = tmp_path / "example"
+    shutil.copytree(EXAMPLES, ws)
+    for name, source in EXAMPLE_CLASSES.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(source)
+    (ws / "requirements.txt").write_text("")
+    done = cli(platform, "job", "run", "-c", "job.yaml", "-o", "json", cwd=ws)
+    assert done.returncode == 0, done.stderr
+    by_path: dict[str, list[dict]] = {}
+    for request in platform.requests:
+        by_path.setdefault(request["path"].rsplit("/oss/", 1)[0], []).append(request)
+    (layer,) = by_path[f"{FT}/create/faas/layer"]
+    assert set(layer["json"]) == {"layer_name", "requirements_content"}
+    assert layer["json"]["layer_name"].startswith("fc_layer-")
+    for request in by_path[f"{FT}/generate/faas/upload/url"]:
+        assert set(request["json"]) == {"unique_key"}
+    (rollout,) = by_path[f"{FT}/create/rollout"]
+    assert rollout["json"]["name"] == "functions/rollout/rollout.py"
+    assert rollout["json"]["func"] == "CalcXRolloutProcessor"
+    assert rollout["json"]["unique_key"].startswith("rollout-")
+    assert "Signature=" in rollout["json"]["code_url"]
+    files = by_path["/api/v1/files"]
+    assert [f["content_type"].split(";")[0] for f in files] == ["multipart/form-data"] * 2
+    (submit,) = by_path[FT]
+    body = submit["json"]
+    runtime = {
+        "layer_code": "layer-0001", "cpu": 2.0, "memory_size": 4096, "disk_size": 512,
+        "concurrency": 30, "capacity": 30, "max_capacity": 60, "min_capacity": 30,
+        "memory_scale_threshold": 0.6, "concurrency_scale_threshold": 0.6,
+    }  # fmt: skip
+    ids = json.loads(done.stdout)
+    assert body["rollout"] == {
+        "rollout_id": ids["entity_ids"]["functions[0] (rollout-1)"],
+        "name": "rollout-1",
+        "timeout": 600,
+        **runtime,
+    }
+    assert body["rewards"] == [
+        {
+            "reward_id": ids["entity_ids"]["functions[1] (rewards-1)"],
+            "name": "rewards-1",
+            "weight": 1.0,
+            "timeout": 120,
+            "reward_metric_weight": {"reward_metric_weightA": 0.3, "reward_metric_weightB": 0.7},
+            **runtime,
+        }
+    ]
+    assert body["training_datasets"] == [
+        {
+            "type": "training",
+            "data_source_type": "file_id",
+            "file_name": "./data/calc_train_min.jsonl",
+            "file_id": ids["file_ids"]["./data/calc_train_min.jsonl"],
+        }
+    ]
+    assert body["hyper_parameters"]["learning_rate"] == 2e-6  # the spec captured "2e-6"
+    assert body["resource_config"] == {
+        "charge_type": "mtu_postpaid", "mtu_spec_code": "MTU4", "mtu_capacity": 24
+    }  # fmt: skip
+    assert body["training_type"] == "reinforcement" and body["model"] == "qwen3.5-9b"
+    assert body["job_name"].startswith("agentic-rl-from-yaml-") and len(body["job_name"]) == 29
+    assert set(body) == {
+        "model", "training_datasets", "validation_datasets", "rollout", "rewards",
+        "hyper_parameters", "resource_config", "training_type", "job_name",
+    }  # fmt: skip
+
+    opd = cli(platform, "job", "run", "-c", "opd-job.yaml", "-o", "json", cwd=ws)
+    assert opd.returncode == 0, opd.stderr
+    body = platform.requests[-1]["json"]
+    assert body["training_type"] == "pg_opd" and body["teacher_model"] == "qwen3.5-397b-a17b"
+    assert body["job_name"].startswith("opd-from-yaml-") and "resource_config" not in body
+    assert body["hyper_parameters"]["lr_scheduler_type"] == "cosine"
