@@ -101,3 +101,23 @@ class LLMStub(ThreadedServer):
             usage = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
             yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python tests/llm_stub.py --port 8001``: the stand-in in the foreground, for trying
+    the sample rollout by hand (its requests/rollout.json points at port 8001)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="A local OpenAI-compatible stand-in for an LLM: it answers the sample "
+        "rollout's calculator task deterministically (no model, no key needed)."
+    )
+    parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (8001)")
+    args = parser.parse_args(argv)
+    stub = LLMStub(args.port)
+    print(f"OpenAI-compatible stand-in at {stub.base_url} (Ctrl-C stops it)", flush=True)
+    stub.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

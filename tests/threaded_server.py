@@ -32,6 +32,10 @@ class ThreadedServer:
             time.sleep(0.02)
         return self
 
+    def serve_forever(self) -> None:
+        """In the foreground instead, until SIGINT or SIGTERM (uvicorn handles both)."""
+        self._server.run()
+
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(10)
