@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -91,6 +93,7 @@ def test_job_run_wait_registers_uploads_submits_and_follows_to_success(platform,
     for line in (f"job {job}: RUNNING", "  | step 1 loss=0.50", f"job {job}: SUCCEEDED"):
         assert line in done.stderr
     assert platform.api_key not in done.stdout + done.stderr
+    assert "\x1b" not in done.stderr  # not a terminal: plain lines
     assert snapshot(workspace) == before  # nothing written into the workspace
 
     # one layer for three functions with the same requirements; one zip each
@@ -534,3 +537,25 @@ def test_the_sdk_example_job_replays_the_spec_captured_request_shapes(platform, 
     assert body["training_type"] == "pg_opd" and body["teacher_model"] == "qwen3.5-397b-a17b"
     assert body["job_name"].startswith("opd-from-yaml-") and "resource_config" not in body
     assert body["hyper_parameters"]["lr_scheduler_type"] == "cosine"
+
+
+def test_progress_on_a_terminal_uses_rich(platform, workspace):
+    main, secondary = pty.openpty()
+    env = {**os.environ, "DASHSCOPE_API_KEY": platform.api_key, "TERM": "xterm"}
+    env["DASHSCOPE_HTTP_BASE_URL"] = platform.base_url
+    with subprocess.Popen(
+        [sys.executable, "-m", "runtime", "register", "--reward",
+         "functions.reward.reward:DemoRewardProcessor", "-o", "json"],
+        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=secondary,
+    ) as process:  # fmt: skip
+        os.close(secondary)
+        shown = json.loads(process.stdout.read())
+        assert process.wait(300) == 0
+    screen = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's other end is closed
+        while chunk := os.read(main, 65536):
+            screen += chunk
+    os.close(main)
+    assert shown["reward_entity_ids"][0].startswith("rw-")
+    assert b"\x1b[?25l" in screen  # rich hides the cursor for its spinner
+    assert b"registered functions.reward.reward:DemoRewardProcessor" in screen
