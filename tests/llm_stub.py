@@ -2,10 +2,16 @@
 
 It plays a fixed agent: asked a question, it calls the calculator tool with the first
 arithmetic expression in the question; given the tool's result, it answers with it.
+Deterministic, as a seeded sampler is: the same messages and ``seed`` get the same answer
+(ids included). With an odd ``seed`` it is careless: it answers at once with the first
+number of the question, no tool call; so K rollouts seeded 0..K-1 of one question disagree
+whenever the tool's answer is right.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import re
 import time
@@ -19,6 +25,13 @@ from starlette.routing import Route
 from threaded_server import ThreadedServer
 
 _EXPRESSION = re.compile(r"[\d.]+(?:\s*[-+*/]\s*[\d.]+)+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _digest(body: dict[str, Any]) -> str:
+    """The same messages and seed, the same ids."""
+    key = json.dumps([body.get("messages"), body.get("seed")], sort_keys=True, default=str)
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class LLMStub(ThreadedServer):
@@ -49,8 +62,17 @@ class LLMStub(ThreadedServer):
         if body.get("stream"):
             return StreamingResponse(self._stream(body), media_type="text/event-stream")
         last = body["messages"][-1]
-        if last["role"] == "tool":
+        digest = _digest(body)
+        careless = isinstance(body.get("seed"), int) and body["seed"] % 2 == 1
+        if careless and last["role"] != "tool":
+            found = _NUMBER.search(str(last.get("content", "")))
             message: dict[str, Any] = {
+                "role": "assistant",
+                "content": f"The answer is \\boxed{{{found.group(0) if found else 0}}}.",
+            }
+            finish = "stop"
+        elif last["role"] == "tool":
+            message = {
                 "role": "assistant",
                 "content": f"The answer is \\boxed{{{last['content']}}}.",
             }
@@ -63,7 +85,7 @@ class LLMStub(ThreadedServer):
                 "content": None,
                 "tool_calls": [
                     {
-                        "id": f"call_{uuid.uuid4().hex[:8]}",
+                        "id": f"call_{digest[:8]}",
                         "type": "function",
                         "function": {
                             "name": "calculator",
@@ -75,7 +97,7 @@ class LLMStub(ThreadedServer):
             finish = "tool_calls"
         return JSONResponse(
             {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "id": f"chatcmpl-{digest[:12]}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
@@ -116,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     stub = LLMStub(args.port)
     print(f"OpenAI-compatible stand-in at {stub.base_url} (Ctrl-C stops it)", flush=True)
-    stub.serve_forever()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C once stopped
+        stub.serve_forever()
 
 
 if __name__ == "__main__":

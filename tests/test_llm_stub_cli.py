@@ -78,7 +78,6 @@ def test_stub_from_its_command_line_serves_the_sample_rollout(stub_cli, start_se
     ]
     assert strip[0] == strip[1]
     proc.send_signal(signal.SIGINT)
-    # Ctrl-C stops it quietly (uvicorn re-raises the signal once it has shut down)
-    assert proc.wait(15) in (0, -signal.SIGINT)
+    assert proc.wait(15) == 0  # Ctrl-C stops it quietly
     printed = proc.communicate()[0]
     assert "OpenAI-compatible stand-in at" in printed and "Traceback" not in printed
