@@ -83,12 +83,13 @@ class AbstractRewardProcessor(AbstractProcessor):
     def process(self, input_data: RewardInput) -> RewardOutput: ...
 
     @property
-    def executor(self) -> Executor:
+    def executor(self) -> Executor | None:
         """A thread pool for the processor's own sync work, as the SDK's reward processors
         have (``await loop.run_in_executor(self.executor, f, x)``). Made on first use, or
-        given to ``__init__``; one this processor made is shut down when it stops."""
+        given to ``__init__``; one this processor made is shut down when it stops, and
+        then reads None, as in the SDK."""
         executor = self.__dict__.get("_executor")
-        if executor is None:
+        if executor is None and not self.__dict__.get("_executor_closed"):
             with _EXECUTOR_LOCK:  # two sub-rewards asking at once get the same pool
                 executor = self.__dict__.get("_executor")
                 if executor is None:
@@ -98,13 +99,15 @@ class AbstractRewardProcessor(AbstractProcessor):
         return executor
 
     @executor.setter
-    def executor(self, value: Executor) -> None:
+    def executor(self, value: Executor | None) -> None:
         self.__dict__["_executor"] = value
+        self.__dict__["_executor_closed"] = value is None
         self.__dict__["_executor_owned"] = False
 
     def close_executor(self) -> None:
         """Shut down ``executor`` if this processor made it (the runtime calls this on stop)."""
         executor = self.__dict__.pop("_executor", None)
+        self.__dict__["_executor_closed"] = True
         if executor is not None and self.__dict__.pop("_executor_owned", False):
             executor.shutdown(wait=False, cancel_futures=True)
 

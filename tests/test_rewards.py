@@ -395,9 +395,10 @@ def test_reward_processors_have_a_working_executor() -> None:
     assert run(processor).reward.reward_score == 1.0
     assert isinstance(processor.executor, concurrent.futures.Executor)
     executor = processor.executor
-    processor.close_executor()
+    processor.shutdown()
     with pytest.raises(RuntimeError):
         executor.submit(int)
+    assert processor.executor is None  # as the SDK's reads after shutdown()
     mine = concurrent.futures.ThreadPoolExecutor(1)
     given = Offloading(executor=mine)
     assert given.executor is mine
