@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +21,116 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 SAMPLES = ROOT / "sample_functions"
 
+# Every process a test starts inherits this mark, so one left running (an orphaned worker)
+# is found by its environment even after its parent is gone and it was reparented.
+RUN_MARK = f"RL_FN_TEST_RUN={uuid.uuid4().hex[:8]}"
+os.environ["RL_FN_TEST_RUN"] = RUN_MARK.split("=", 1)[1]
+# TMPDIR of the servers the tests start: whatever is left in it was not cleaned up.
+SERVER_TMP = ROOT / ".pytest_cache" / "tmp" / RUN_MARK.split("=", 1)[1]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting for its parent to reap it."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    """Live processes below ``pid`` (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found and alive(child):
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    """Waits until none of ``pids`` runs; returns those still running at the timeout."""
+    deadline = time.monotonic() + timeout
+    while (left := {pid for pid in pids if alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def marked_processes() -> dict[int, str]:
+    """Live processes started by this test run (any depth, orphaned or not): pid -> command."""
+    if not Path("/proc/self/environ").exists():
+        return {}
+    mark = RUN_MARK.encode() + b"\0"
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes() or not alive(int(entry.name)):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found[int(entry.name)] = command.strip()
+    return found
+
+
+def _left_behind(before: set[int], files_before: set[str], timeout: float) -> list[str]:
+    """Processes and server temp files that appeared since ``before``; kills and removes them."""
+    problems = []
+    new = {pid: cmd for pid, cmd in marked_processes().items() if pid not in before}
+    for pid in wait_gone(set(new), timeout):
+        problems.append(f"process {pid} still running: {new[pid][:200]}")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for entry in sorted(SERVER_TMP.iterdir()) if SERVER_TMP.exists() else []:
+        if entry.name not in files_before:
+            problems.append(f"temporary file left behind: {entry}")
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink()
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def _no_process_or_file_left() -> Iterator[None]:
+    """A test fails (in its teardown) if it leaves a process running or a temp file behind."""
+    before = set(marked_processes())
+    files = {e.name for e in SERVER_TMP.iterdir()} if SERVER_TMP.exists() else set()
+    yield
+    problems = _left_behind(before, files, timeout=15)
+    if problems:
+        pytest.fail("left behind (now cleaned up):\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _nothing_left_at_the_end() -> Iterator[None]:
+    """Also after module- and session-scoped servers: the whole run leaves nothing behind."""
+    SERVER_TMP.mkdir(parents=True, exist_ok=True)
+    yield
+    problems = _left_behind(set(), set(), timeout=15)
+    shutil.rmtree(SERVER_TMP, ignore_errors=True)
+    if problems:
+        pytest.fail("left behind (now cleaned up):\n" + "\n".join(problems), pytrace=False)
 
 
 class Server:
@@ -41,7 +149,12 @@ class Server:
         self.log_path = ROOT / ".pytest_cache" / f"server-{self.port}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(SERVER_TMP),  # checked for leftovers after each test
+            **(env or {}),
+        }
         for name in ("PROCESSOR_CLASS", "FUNC_TYPE", "PORT", "SERVER_PORT", "WORKERS_COUNT"):
             if env is None or name not in env:
                 full_env.pop(name, None)
@@ -84,22 +197,54 @@ class Server:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def wait_output(self, text: str, count: int = 1, timeout: float = 20) -> str:
+        """The log once ``text`` appears ``count`` times: lines are written by a background
+        thread of the server, so they may trail the response they are about."""
+        deadline = time.monotonic() + timeout
+        while (output := self.output()).count(text) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} x{count} not logged within {timeout}s:\n{output}")
+            time.sleep(0.05)
+        return output
+
     def terminate(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
     def close(self) -> None:
+        """Stops the server as a platform would (SIGTERM), then kills whatever is left of its
+        process tree, and removes its log."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                tree = descendants(self.proc.pid)
+                self.proc.kill()
+                self.proc.wait(10)
+                for pid in tree:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
         self.client.close()
         self._log.close()
+        self.log_path.unlink(missing_ok=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    report = yield
+    if report.failed:  # the logs of the test's servers, shown with its failure
+        for server in getattr(item, "servers", []):
+            if server.log_path.exists():
+                report.sections.append((f"server {server.port} log", server.output()[-20000:]))
+    return report
 
 
 @pytest.fixture
-def start_server() -> Iterator:
+def start_server(request: pytest.FixtureRequest) -> Iterator:
     servers: list[Server] = []
+    request.node.servers = servers
 
     def start(target: str, *args: str, ready: bool = True, **kwargs: object) -> Server:
         server = Server(target, *args, **kwargs)  # type: ignore[arg-type]

@@ -39,10 +39,12 @@ class SyncEchoReward(AbstractRewardProcessor):
 
 
 class SleepyReward(AbstractRewardProcessor):
-    """Async: sleeps rollout_extra.sleep seconds; records a cancellation in a marker file."""
+    """Async: sleeps rollout_extra.sleep seconds; marks its start (so a test can wait until
+    work is in flight) and its cancellation or end in marker files."""
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         tag = (input_data.agent_output.rollout_extra or {}).get("tag", "x")
+        (MARKERS / f"started-{tag}").write_text("started")
         try:
             await asyncio.sleep(_delay(input_data))
         except asyncio.CancelledError:
@@ -145,4 +147,27 @@ class HangingReward(AbstractRewardProcessor):
         if (input_data.agent_output.rollout_extra or {}).get("hang"):
             while True:
                 time.sleep(0.05)
+        return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
+
+
+class CrashingSetupReward(AbstractRewardProcessor):
+    """Its worker dies in setup() (os._exit stands in for an OOM kill); each try leaves a marker."""
+
+    def setup(self) -> None:
+        (MARKERS / f"crash-setup-{os.getpid()}").write_text("started")
+        os._exit(1)
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        raise AssertionError("never reached")
+
+
+class LoopBlockingReward(AbstractRewardProcessor):
+    """Async code that blocks its event loop with sync sleep (a common mistake); leaves a marker
+    once the loop is blocked, so a test can wait for it instead of sleeping."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        delay = _delay(input_data)
+        if delay:
+            (MARKERS / f"blocking-{os.getpid()}").write_text("blocking")
+            time.sleep(delay)
         return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
