@@ -63,15 +63,16 @@ class Settings:
         return dataclasses.asdict(self)
 
     def describe(self) -> str:
-        shown = {o.dest: getattr(self, o.dest) for o in OPTIONS if o.dest not in ("func_type",)}
-        return " ".join(f"{key}={_show(value)}" for key, value in shown.items())
+        return " ".join(
+            f"{o.dest}={_show(getattr(self, o.dest), o)}" for o in OPTIONS if o.dest != "func_type"
+        )
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, option: Option) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
-        return f"{value:g}s"
+        return f"{value:g}s" if option.parse is _seconds else f"{value:g}"
     return str(value)
 
 
@@ -277,7 +278,7 @@ def add_options(parser: argparse.ArgumentParser, names: tuple[str, ...] | None =
             continue
         default = getattr(_DEFAULTS, option.dest)
         env = " or ".join(option.env)
-        shown = "from the class" if default is None else _show(default)
+        shown = "from the class" if default is None else _show(default, option)
         parser.add_argument(
             option.flag,
             dest=option.dest,
