@@ -71,6 +71,7 @@ class FunctionApp:
         self._timeout = settings.timeout
         self._max_body = settings.max_body
         self._body_timeout = settings.body_timeout
+        self._body_deadlines = _BodyDeadlines(settings.body_timeout)
         self._setup_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
         self._setup_ok = False
@@ -158,6 +159,8 @@ class FunctionApp:
         while True:
             await asyncio.sleep(1.0)
             self.metrics.refresh()
+            if self.state == READY:
+                self.function.offload.check()  # a pool that broke while idle is rebuilt now
             if self.settings.workers > 1 and self.state == READY and self._stuck_reason():
                 # A supervised worker that cannot take work is replaced, not left to say 503.
                 log.error(
@@ -184,7 +187,7 @@ class FunctionApp:
 
     def unhealthy_reason(self) -> str:
         """Why this worker cannot serve although setup() finished ("" when it can)."""
-        return self.function.offload.broken or self._stuck_reason()
+        return self.function.offload.check() or self._stuck_reason()
 
     async def _setup(self) -> None:
         try:
@@ -409,7 +412,8 @@ class FunctionApp:
         chunked = held == 0
         if not admission.hold_body(held):
             raise _over_budget(admission.buffered)
-        timer = _BodyTimer(self._body_timeout)
+        deadlines = self._body_deadlines
+        task = deadlines.start()
         try:
             message = await receive()
             if message["type"] != "http.request":
@@ -438,9 +442,8 @@ class FunctionApp:
                     return b"".join(chunks)
         except asyncio.CancelledError:
             admission.release_body(held)
-            if not timer.expired:
+            if not deadlines.expired(task):
                 raise
-            timer.absorb()
             raise RequestError(
                 408,
                 errors.REQUEST_TIMEOUT,
@@ -450,7 +453,7 @@ class FunctionApp:
             admission.release_body(held)
             raise
         finally:
-            timer.cancel()
+            deadlines.stop(task)
 
     def _hold_more(self, held: int, size: int) -> int:
         if not self.admission.hold_body(size):
@@ -636,28 +639,51 @@ def _trainer_routes(app: FunctionApp) -> list[Route]:
     return TrainerRoutes(app).routes
 
 
-class _BodyTimer:
-    """Cancels the reading task when its body is late; one timer, no cancel scope."""
+class _BodyDeadlines:
+    """Cancels the tasks still reading a body at their --body-timeout.
 
-    __slots__ = ("_handle", "_task", "expired")
+    One sweep a second for the whole worker while any body is being read, not a timer per
+    request: the hot path only adds and removes a dict entry (a timer per request cost
+    several microseconds). A body is late by up to one sweep.
+    """
 
     def __init__(self, timeout: float) -> None:
-        self._task = asyncio.current_task()
-        self.expired = False
-        self._handle = asyncio.get_running_loop().call_later(timeout, self._expire)
+        self.timeout = timeout
+        self._tick = min(1.0, timeout / 4)
+        self._reading: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
-    def _expire(self) -> None:
-        self.expired = True
-        if self._task is not None:
-            self._task.cancel()
+    def start(self) -> asyncio.Task[Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        self._reading[task] = loop.time() + self.timeout
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._tick, self._sweep, loop)
+        return task
 
-    def absorb(self) -> None:
-        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+    def stop(self, task: asyncio.Task[Any]) -> None:
+        self._reading.pop(task, None)
+
+    def expired(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` was cancelled here; if so, the cancellation is absorbed."""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
         if uncancel is not None:
             uncancel()
+        return True
 
-    def cancel(self) -> None:
-        self._handle.cancel()
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        late = [task for task, deadline in self._reading.items() if deadline <= now]
+        for task in late:
+            del self._reading[task]
+            self._expired.add(task)
+            task.cancel()
+        self._sweeper = loop.call_later(self._tick, self._sweep, loop) if self._reading else None
 
 
 def _over_budget(buffered: int) -> RequestError:

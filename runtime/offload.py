@@ -234,7 +234,8 @@ class UserThreads:
 class ThreadOffload:
     """``offload(attr, arg)``: run the processor's sync method ``attr`` in ``UserThreads``."""
 
-    broken = ""  # threads never break; a worker whose threads are all stuck is unhealthy
+    def check(self) -> str:
+        return ""  # threads never break; a worker whose threads are all stuck is unhealthy
 
     def __init__(self, processor: Any, threads: UserThreads) -> None:
         self._processor = processor
@@ -327,6 +328,7 @@ class ProcessOffload:
         self.stuck = 0  # a stuck child is killed, never left running
         self.broken = ""  # why the pool cannot serve right now ("" when it can)
         self._rebuilding: asyncio.Task[None] | None = None
+        self._closing = False
 
     def _new_pool(self) -> Any:
         import pebble  # only with --isolation process
@@ -343,8 +345,25 @@ class ProcessOffload:
         """Wait until a child has run setup(); raises its error if setup() failed."""
         await self("", None)
 
+    def check(self) -> str:
+        """Why the pool cannot serve ("" when it can). Notices a pool that broke while idle
+        (pebble gives up when a child dies with no task running, e.g. an OOM kill) and
+        starts rebuilding it."""
+        pool = self._pool
+        if not self._closing and not pool.active:
+            self._broke(pool, RuntimeError("pebble's pool is in its error state"))
+        return self.broken
+
     async def __call__(self, attr: str, arg: Any) -> Any:
         pool = self._pool
+        if not pool.active and not self._closing:
+            # broken before this call reached it: the call waits for the rebuilt pool
+            self._broke(pool, RuntimeError("pebble's pool is in its error state"))
+            if self._rebuilding is not None and attr:
+                await asyncio.shield(self._rebuilding)
+                if self.broken:
+                    raise IsolationPoolBroken(self.broken)
+            pool = self._pool
         try:
             future = pool.schedule(_child_call, args=(attr, arg))
         except RuntimeError as exc:  # pebble: "Unexpected error within the Pool"
@@ -400,6 +419,7 @@ class ProcessOffload:
         log.info("the isolation process pool was rebuilt and serves again")
 
     async def close(self) -> None:
+        self._closing = True
         if self._rebuilding is not None:
             self._rebuilding.cancel()
         self._pool.stop()
