@@ -139,6 +139,7 @@ class PlatformStandIn(ThreadedServer):
             "path": request.url.path,
             "query": dict(request.query_params),
             "authorization": request.headers.get("authorization"),
+            "workspace": request.headers.get("x-dashscope-workspace"),
             "content_type": request.headers.get("content-type"),
             "size": len(raw),
         }

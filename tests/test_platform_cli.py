@@ -311,6 +311,11 @@ def test_every_error_is_one_line_and_local_errors_send_nothing(platform, workspa
     count = len(platform.requests)
     no_key = cli(platform, "job", "list", key="")
     assert no_key.returncode == 2 and "no API key" in one_error_line(no_key)
+    placeholder = cli(
+        platform, "job", "list", env={"DASHSCOPE_HTTP_BASE_URL": "http://x/{workspace_id}"}
+    )
+    assert placeholder.returncode == 1
+    assert "{workspace_id} placeholder: pass --workspace-id" in one_error_line(placeholder)
     bad_format = cli(platform, "job", "list", "-o", "xml")
     assert bad_format.returncode == 2
     bad_class = cli(platform, "register", "--reward", "functions.reward.reward:Nope", cwd=workspace)
@@ -405,8 +410,9 @@ def test_job_management_and_opd_with_an_exact_job_name(platform, workspace):
     }
     (job_id,) = platform.jobs
 
-    listed = cli(platform, "job", "list")
+    listed = cli(platform, "job", "list", "--workspace-id", "ws-9")
     assert listed.returncode == 0
+    assert platform.requests[-1]["workspace"] == "ws-9"
     assert listed.stdout.splitlines()[0].split() == [
         "JOB_ID", "JOB_NAME", "STATUS", "MODEL", "CREATE_TIME"
     ]  # fmt: skip

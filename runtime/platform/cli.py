@@ -45,6 +45,11 @@ def _common() -> argparse.ArgumentParser:
         "https://dashscope.aliyuncs.com/api/v1]",
     )
     group.add_argument(
+        "--workspace-id",
+        help="the platform workspace, sent as X-DashScope-WorkSpace and put in place of a "
+        "{workspace_id} in the base URL [env DASHSCOPE_WORKSPACE_ID]",
+    )
+    group.add_argument(
         "-o",
         "--output",
         type=_lower,
@@ -103,6 +108,7 @@ def add_commands(commands: Any) -> None:
     for kind in ("rollout", "reward", "group-reward"):
         register.add_argument(
             f"--{kind}",
+            f"--{kind}-classpaths",  # the SDK's spelling
             action="append",
             default=[],
             metavar="CLASSPATH",
@@ -148,8 +154,17 @@ def add_commands(commands: Any) -> None:
         description="Check every file first (each line a JSON object with messages; nothing "
         "is uploaded when any file is bad), then upload them and print their file ids.",
     )
-    upload.add_argument("--training", nargs="+", action="extend", required=True, metavar="FILE")
-    upload.add_argument("--validation", nargs="+", action="extend", default=[], metavar="FILE")
+    upload.add_argument(
+        "--training",
+        "--training-files",  # the SDK's spelling
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="FILE",
+    )
+    upload.add_argument(
+        "--validation", "--validation-files", nargs="+", action="extend", default=[], metavar="FILE"
+    )
 
     job = commands.add_parser("job", help="run and manage training jobs")
     jobs = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
@@ -230,7 +245,10 @@ def _platform(args: argparse.Namespace, reporter: Any) -> Any:
     if not key.strip():
         raise UsageError("no API key: pass --api-key or set DASHSCOPE_API_KEY (nothing was sent)")
     base = args.base_url or os.environ.get("DASHSCOPE_HTTP_BASE_URL") or DEFAULT_BASE_URL
-    return Platform(base, key.strip(), notify=reporter.note, user_agent=_user_agent())
+    workspace = args.workspace_id or os.environ.get("DASHSCOPE_WORKSPACE_ID") or None
+    return Platform(
+        base, key.strip(), notify=reporter.note, user_agent=_user_agent(), workspace=workspace
+    )
 
 
 def _user_agent() -> str:

@@ -16,6 +16,7 @@ reported as an unclear outcome with what to check.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -57,6 +58,7 @@ _ENDPOINTS: dict[str, tuple[str, str | None]] = {
     "jobs": ("/fine-tunes", None),
 }
 _BUSY = (429, 503)
+_WORKSPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class PlatformError(Exception):
@@ -122,19 +124,29 @@ class Platform:
         timeout: float = 600.0,
         notify: Callable[[str], None] | None = None,
         user_agent: str = "agentic-rl-runtime",
+        workspace: str | None = None,
     ) -> None:
+        headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+            "User-Agent": user_agent,
+        }
+        if "{workspace_id}" in base_url and not workspace:
+            raise PlatformError(
+                "configuration",
+                "the base URL has a {workspace_id} placeholder: pass --workspace-id or set "
+                "DASHSCOPE_WORKSPACE_ID",
+            )
+        if workspace:
+            if not _WORKSPACE.match(workspace):
+                raise PlatformError("configuration", f"{workspace!r} is not a workspace id")
+            base_url = base_url.replace("{workspace_id}", workspace)
+            headers["X-DashScope-WorkSpace"] = workspace
         self.base_url = base_url.rstrip("/")
         self._deadline = deadline
         self._notify = notify or (lambda text: None)
         limits = httpx.Timeout(timeout, connect=min(timeout, 15.0))
-        self._client = httpx.Client(
-            headers={
-                "Authorization": f"Bearer {api_key}",
-                "Accept": "application/json",
-                "User-Agent": user_agent,
-            },
-            timeout=limits,
-        )
+        self._client = httpx.Client(headers=headers, timeout=limits)
         self._bare = httpx.Client(headers={"User-Agent": user_agent}, timeout=limits)
 
     def __enter__(self) -> Platform:
