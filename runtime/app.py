@@ -67,6 +67,7 @@ class FunctionApp:
         # set by the server of a supervised worker: tell the supervisor at once
         self.on_ready: Callable[[], None] | None = None
         self.stuck_tasks = 0  # async requests that ignored their cancellation and run on
+        self._live: set[_Interrupt] = set()  # requests being served
         self._request_log = RequestLog(function.func_type.value, settings)
         self._timeout = settings.timeout
         self._max_body = settings.max_body
@@ -126,6 +127,10 @@ class FunctionApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.state = DRAINING
+                # uvicorn cancelled what ran past --grace, once; a task that ignored it is
+                # answered 503 now and cancelled until it ends, as at a deadline
+                for interrupt in list(self._live):
+                    interrupt.fire("shutdown")
                 if self._gauge_task is not None:
                     self._gauge_task.cancel()
                 if self._setup_task is not None and not self._setup_task.done():
@@ -273,11 +278,7 @@ class FunctionApp:
                 status, code = 499, errors.CLIENT_DISCONNECTED
                 message = "client disconnected; processing was cancelled"
             elif interrupt.reason == "shutdown":
-                status, code = 503, errors.DRAINING
-                message = (
-                    "the server is stopping and the request was still running after "
-                    f"--grace ({self.settings.grace:g}s); retry it"
-                )
+                status, code, message = 503, errors.DRAINING, self._past_grace
                 await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
             else:
                 status, code = 504, errors.DEADLINE_EXCEEDED
@@ -306,8 +307,8 @@ class FunctionApp:
                 self._stuck_task_ended(interrupt)
             else:
                 admission.leave()
-                if interrupt.late:  # the client got the 504, whatever came after it
-                    status, code, message = 504, errors.DEADLINE_EXCEEDED, interrupt.late
+                if interrupt.late:  # the client got that answer, whatever came after it
+                    status, code, message = interrupt.late
                 self._finish(scope, started, status, code, message, input_data, error)
         if self.tracing is not None and self.tracing.flush_each_request:
             # after the response: a short-lived instance loses no span, the client waits for none
@@ -325,12 +326,17 @@ class FunctionApp:
     async def _answer_overdue(self, interrupt: _Interrupt) -> None:
         task = interrupt.task
         assert task is not None
-        if interrupt.reason == "deadline" and not interrupt.responded and not task.done():
-            message = f"the request did not finish within its {self._timeout:g}s deadline"
-            interrupt.late = message
-            body = self.function.failure(errors.DEADLINE_EXCEEDED, message)
+        reason = interrupt.reason
+        if reason != "disconnect" and not interrupt.responded and not task.done():
+            if reason == "deadline":
+                message = f"the request did not finish within its {self._timeout:g}s deadline"
+                interrupt.late = (504, errors.DEADLINE_EXCEEDED, message)
+                body, extra = self.function.failure(errors.DEADLINE_EXCEEDED, message), None
+            else:  # the server stops and the request ran past --grace
+                interrupt.late = (503, errors.DRAINING, self._past_grace)
+                body, extra = errors.error_body(errors.DRAINING, self._past_grace), _RETRY_AFTER
             with contextlib.suppress(Exception):  # the client may be gone
-                await _send(interrupt._asgi_send, 504, body)
+                await _send(interrupt._asgi_send, interrupt.late[0], body, extra)
         await asyncio.wait((task,), timeout=interrupt.STUCK_AFTER)
         if task.done():
             return
@@ -339,7 +345,7 @@ class FunctionApp:
         self.admission.leave()
         self.stuck_tasks += 1
         if interrupt.late:
-            status, code, message = 504, errors.DEADLINE_EXCEEDED, interrupt.late
+            status, code, message = interrupt.late
         else:
             status, code = 499, errors.CLIENT_DISCONNECTED
             message = "client disconnected; processing was cancelled"
@@ -351,6 +357,13 @@ class FunctionApp:
             "cancelled; it stays cancelled and is counted as stuck until it ends (%d stuck now)",
             interrupt.STUCK_AFTER,
             self.stuck,
+        )
+
+    @property
+    def _past_grace(self) -> str:
+        return (
+            "the server is stopping and the request was still running after "
+            f"--grace ({self.settings.grace:g}s); retry it"
         )
 
     def _stuck_task_ended(self, interrupt: _Interrupt) -> None:
@@ -555,9 +568,11 @@ class _Interrupt:
         self.started = started
         self.input_data: Any = None
         self.reason = ""
-        self.late = ""  # the message of the 504 that _overdue sent, if it did
+        # (status, code, message) of the answer _overdue sent, if it did
+        self.late: tuple[int, str, str] | None = None
+        app._live.add(self)
         self.responded = self.in_slot = self.abandoned = False
-        self._deadline = loop.call_later(app._timeout, self._fire, "deadline")
+        self._deadline = loop.call_later(app._timeout, self.fire, "deadline")
         self._recancel: asyncio.TimerHandle | None = None
         self._watch_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -577,9 +592,9 @@ class _Interrupt:
     async def _watch(self, receive: Any) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        self._fire("disconnect")
+        self.fire("disconnect")
 
-    def _fire(self, reason: str) -> None:
+    def fire(self, reason: str) -> None:
         if self.reason or self.responded or self.task is None:
             return
         self.reason = reason
@@ -617,6 +632,7 @@ class _Interrupt:
 
     def close(self) -> None:
         self.stop()
+        self._app._live.discard(self)
         if self._watch_timer is not None:
             self._watch_timer.cancel()
         if self._watcher is not None and not self._watcher.done():
