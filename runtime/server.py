@@ -71,6 +71,23 @@ class Server(uvicorn.Server):
         await super()._serve(sockets)
         # A signal we handled ends in a clean exit 0, not a re-raised SIGTERM.
         self._captured_signals.clear()
+        app = self._function_app()
+        if app is not None and (app.stuck_tasks or app.admission.admitted):
+            await self._exit_past_stuck_tasks(app)
+
+    async def _exit_past_stuck_tasks(self, app: FunctionApp) -> None:
+        # asyncio.run would wait forever for a task that ignores its cancellation: give the
+        # requests cancelled at --grace a moment to send their answers, then leave.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 2
+        while app.admission.admitted and loop.time() < until:
+            await asyncio.sleep(0.02)
+        if app.stuck_tasks or app.admission.admitted:
+            log.warning(
+                "exiting with %d stuck async tasks still running",
+                app.stuck_tasks + app.admission.admitted,
+            )
+            _exit_now(self.exit_code or (1 if app.admission.admitted else 0))
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         app = self._function_app()

@@ -220,6 +220,23 @@ def test_a_request_past_grace_gets_json_503_and_one_log_line(start_server, tmp_p
     assert output.count("503 ") == 1 and "DRAINING" in output
 
 
+def test_sigterm_answers_and_exits_past_a_task_that_ignores_cancellation(start_server, tmp_path):
+    server = start_server(MODAL, "--grace", "1", env={"TEST_MARKER_DIR": str(tmp_path)})
+    pool, pending = in_background(
+        lambda: server.post(reward_body(mode="swallow-always", tag="s"), timeout=60)
+    )
+    try:
+        wait_for(lambda: (tmp_path / "started-s").exists(), "the request to be in flight")
+        server.proc.send_signal(signal.SIGTERM)
+        response = pending.result()
+    finally:
+        pool.shutdown()
+    assert response.status_code == 503, response.text
+    assert response.json()["error_code"] == "DRAINING"
+    assert server.proc.wait(20) == 0
+    assert not (tmp_path / "ended-s").exists()  # it never gave in; the process left it
+
+
 def test_shutdown_under_process_isolation_kills_the_children(start_server, tmp_path):
     server = start_server(
         CROSSING,
