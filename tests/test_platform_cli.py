@@ -307,6 +307,21 @@ def test_every_error_is_one_line_and_local_errors_send_nothing(platform, workspa
     missing = cli(platform, "job", "get", "ft-404")
     assert missing.returncode == 1
     assert "HTTP 404 NotFound: job not found" in one_error_line(missing)
+    # function calls answer HTTP 200 with the failure in a status object or a code
+    no_instance = cli(platform, "test-function", "rw-ins-0", "-t", "reward", "-i", "{}")
+    assert no_instance.returncode == 2  # invalid input: checked before anything is sent
+    no_instance = cli(
+        platform, "test-function", "rw-ins-0", "-t", "reward", "-i", '{"agent_output": {}}'
+    )
+    assert no_instance.returncode == 1
+    assert one_error_line(no_instance) == (
+        "error: querying instance rw-ins-0 failed: HTTP 404: no such instance"
+    )
+    not_deleted = cli(platform, "instance", "delete", "rw-ins-0")
+    assert not_deleted.returncode == 1
+    assert one_error_line(not_deleted) == (
+        "error: deleting instance rw-ins-0 failed: 404: no such instance"
+    )
 
     count = len(platform.requests)
     no_key = cli(platform, "job", "list", key="")
