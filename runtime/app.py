@@ -315,7 +315,7 @@ class FunctionApp:
             await anyio.to_thread.run_sync(self.tracing.flush)
 
     async def _overdue(self, interrupt: _Interrupt) -> None:
-        """A request was cancelled (deadline or disconnect): answer a deadline now, whatever
+        """A request was cancelled (deadline, stop or disconnect): answer it now, whatever
         its task does, and count a task that still runs after STUCK_AFTER as stuck (its
         request ends here: the slot and the queue place are given back)."""
         try:
@@ -532,9 +532,9 @@ class _Interrupt:
     deadline, and a second one that starts watching for a disconnect only once the
     request has run for a while (most requests are answered long before). Once fired,
     it cancels the task again every ``RECANCEL`` seconds until user code has ended (as an
-    anyio cancel scope would), and ``FunctionApp._overdue`` answers a deadline at once
-    whatever the task does. The request's responses go through ``send``, which drops
-    them once that 504 has gone out.
+    anyio cancel scope would), and ``FunctionApp._overdue`` answers at once whatever the
+    task does (504 at the deadline, 503 at a stop past --grace). The request's error
+    answers go through ``send``, which drops them once that answer has gone out.
     """
 
     __slots__ = (
@@ -579,7 +579,7 @@ class _Interrupt:
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.late:
-            return  # the client has its 504 already
+            return  # the client has its answer already
         self.responded = True
         await self._asgi_send(message)
 
