@@ -170,11 +170,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._read_timer = None
         if self.transport.is_closing():
             return
-        if self._in_headers:
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's headers behind one still being served: an answer now
+            # would come before that one's; look again later.
+            self._arm_read_timer()
+        elif self._in_headers:
             message = f"request headers not received within {self.read_timeout:g}s"
             self._rejection = raw_error(408, errors.REQUEST_TIMEOUT, message)
             self.send_400_response(message)
-        elif self.cycle is None or self.cycle.response_complete:
+        else:
             self.transport.close()  # nothing asked: close quietly, as keep-alive does
 
 

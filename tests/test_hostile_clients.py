@@ -129,6 +129,25 @@ def test_unfinished_headers_get_408_and_silent_connections_are_closed(start_serv
     silent.close()
 
 
+def test_a_pipelined_request_is_timed_out_only_after_the_one_before_it(start_server, tmp_path):
+    server = start_server(
+        "workspace.fns:SleepyReward", "--body-timeout", "1", env={"TEST_MARKER_DIR": str(tmp_path)}
+    )
+    body = orjson.dumps(reward_body(sleep=2.5))
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+            + b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the next request, never finished
+        )
+        status, headers, first = read_response(sock)
+        assert status == 200, first  # answers keep their order: the first one's comes first
+        status, headers, second = read_response(sock)
+        assert status == 408
+        assert_json_error(headers, second, "REQUEST_TIMEOUT")
+
+
 def test_connections_beyond_the_cap_are_answered_503_at_once(start_server):
     server = start_server("workspace.fns:EchoReward", "--max-connections", "8")
     held = [connect(server) for _ in range(8)]
