@@ -17,6 +17,7 @@ import orjson
 
 from runtime.config import SettingsError, add_options, resolve
 from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
+from runtime.eval import cli as eval_cli
 from runtime.function import Function, ProcessorFailure, RequestError, redact
 from runtime.loading import Target, TargetError, load_target
 from runtime.logs import bind_secrets, setup_logging, user_traceback
@@ -81,12 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("workspace", metavar="WORKSPACE", help="the directory of your functions")
     build.add_argument("--image", required=True, help="tag of the image to build")
-    build.add_argument("--target", help="check locally first that this module:Class imports")
+    build.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="the image's default processor (its PROCESSOR_CLASS), checked locally first: "
+        "a plain `docker run IMAGE` serves it, `docker run IMAGE other.module:Class` "
+        "another (default: the sample's functions.reward.reward:DemoRewardProcessor)",
+    )
     build.add_argument("--push", action="store_true", help="push the image and print it by digest")
 
     # the platform client: register, test-function, upload-data, job ..., instance ...
     platform_cli.add_commands(commands)
     add_manifests_command(commands)
+    eval_cli.add_command(commands)
     return parser
 
 
@@ -105,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(platform_cli.run(args))
     if args.command == "manifests":
         sys.exit(run_manifests(args))
+    if args.command == eval_cli.COMMAND:
+        sys.exit(eval_cli.run(args))
     try:
         settings = resolve(args)
     except SettingsError as exc:

@@ -3,9 +3,9 @@
 It plays a fixed agent: asked a question, it calls the calculator tool with the first
 arithmetic expression in the question; given the tool's result, it answers with it.
 Deterministic, as a seeded sampler is: the same messages and ``seed`` get the same answer
-(ids included). With an odd ``seed`` it is careless: it answers at once with the first
-number of the question, no tool call; so K rollouts seeded 0..K-1 of one question disagree
-whenever the tool's answer is right.
+(ids included). A question in ``answers`` is answered at once, with its answer. With an
+odd ``seed`` it is careless: it answers at once with the first number of the question; so
+K rollouts seeded 0..K-1 of one question disagree whenever the other answer is right.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def _digest(body: dict[str, Any]) -> str:
 
 
 class LLMStub(ThreadedServer):
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, answers: dict[str, str] | None = None) -> None:
         self.port = port
+        self.answers = answers or {}  # question -> the answer it "knows", given at once
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str] = []
@@ -64,11 +65,13 @@ class LLMStub(ThreadedServer):
         last = body["messages"][-1]
         digest = _digest(body)
         careless = isinstance(body.get("seed"), int) and body["seed"] % 2 == 1
-        if careless and last["role"] != "tool":
+        known = self.answers.get(str(last.get("content")))
+        if last["role"] != "tool" and (careless or known is not None):
             found = _NUMBER.search(str(last.get("content", "")))
+            guess = found.group(0) if found else 0
             message: dict[str, Any] = {
                 "role": "assistant",
-                "content": f"The answer is \\boxed{{{found.group(0) if found else 0}}}.",
+                "content": f"The answer is \\boxed{{{guess if careless else known}}}.",
             }
             finish = "stop"
         elif last["role"] == "tool":

@@ -1,0 +1,224 @@
+"""``python -m runtime eval``: its options and its exit codes.
+
+Exit codes: 0 the run completed; 1 it stopped early (too many failed calls), a function
+could not start, or ``--fail-on-flags`` and a red flag was raised; 2 a usage error (the
+command line, the job file or the data); 130 interrupted. Only argparse is imported at
+module level: ``serve`` builds this parser too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COMMAND", "add_command", "run"]
+
+COMMAND = "eval"
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
+def add_command(commands: Any) -> None:
+    """Add ``eval`` to ``python -m runtime``'s subparsers."""
+    parser = commands.add_parser(
+        COMMAND,
+        help="try the job's functions on its data, locally, before training",
+        description="Serve each function of the job file from the package `register` would "
+        "upload, run K rollouts for each of the first N data lines against an "
+        "OpenAI-compatible LLM, score them with every reward and group reward over HTTP, "
+        "and report scores, failures, latencies and red flags. Exit codes: 0 completed; "
+        "1 stopped early, a function could not start, or a red flag with --fail-on-flags; "
+        "2 usage error.",
+        epilog="example: cd sample_functions && python -m runtime eval -c rl-job.yaml "
+        "--llm-base-url http://127.0.0.1:8001/v1 --out eval-out",
+    )
+    parser.add_argument("-c", "--config", required=True, metavar="YAML", help="the job file")
+    parser.add_argument(
+        "--split",
+        choices=("training", "validation"),
+        default="training",
+        help="which of the job's datasets (default training)",
+    )
+    parser.add_argument(
+        "--data", metavar="FILE.jsonl", help="a JSONL file to use instead of the job's dataset"
+    )
+    parser.add_argument(
+        "--samples",
+        "-n",
+        type=_positive(int),
+        default=32,
+        metavar="N",
+        help="the first N lines of the data (default 32)",
+    )
+    parser.add_argument(
+        "--rollouts",
+        "-k",
+        type=_positive(int),
+        metavar="K",
+        help="rollouts per line (default: the job's n_rollouts, else 4)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_positive(int),
+        default=16,
+        metavar="C",
+        help="calls in flight at once, all functions together (default 16)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write trajectories.jsonl, summary.json, report.html and the servers' logs here",
+    )
+    llm = parser.add_argument_group("the LLM (any OpenAI-compatible endpoint)")
+    llm.add_argument("--llm-base-url", help="e.g. http://127.0.0.1:8001/v1 [env LLM_BASE_URL]")
+    llm.add_argument("--llm-model", help="the model name [env LLM_MODEL; default: model.name]")
+    llm.add_argument(
+        "--llm-api-key", help="sent to the LLM only, never printed [env LLM_API_KEY; default EMPTY]"
+    )
+    parser.add_argument(
+        "--ground-truth-key",
+        metavar="KEY",
+        help="where a line's ground_truth is, a dotted path (default: ground_truth, else "
+        "rollout_extra.solution; an assumption about how the platform fills it)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="send sampling_params.seed = S + k to the k-th rollout of a line, for runs that "
+        "repeat on an endpoint that honours seeds (default: no seed)",
+    )
+    parser.add_argument(
+        "--max-failure-rate",
+        type=_rate,
+        default=0.5,
+        metavar="F",
+        help="stop early when a function fails more than this share of its calls, after its "
+        "first 20 (default 0.5)",
+    )
+    parser.add_argument(
+        "--fail-on-flags", action="store_true", help="exit 1 when a red flag is raised (for CI)"
+    )
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the run as Ctrl-C does: every server stopped
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``eval``; its exit status."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("interrupted: every server eval started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    from runtime.eval import plan as plans
+    from runtime.platform.functions import ComponentError, check_imports
+    from runtime.platform.progress import Reporter
+
+    try:
+        plan = plans.make(
+            args.config,
+            split=args.split,
+            data=args.data,
+            samples=args.samples,
+            rollouts=args.rollouts,
+            concurrency=args.concurrency,
+            llm_base_url=args.llm_base_url or os.environ.get("LLM_BASE_URL"),
+            llm_model=args.llm_model or os.environ.get("LLM_MODEL"),
+            llm_api_key=args.llm_api_key or os.environ.get("LLM_API_KEY") or "EMPTY",
+            ground_truth_key=args.ground_truth_key,
+            seed=args.seed,
+            max_failure_rate=args.max_failure_rate,
+        )
+    except plans.PlanError as exc:
+        return _error(str(exc), 2)
+    except plans.StartError as exc:
+        return _error(str(exc), 1)
+    if plan.rollout is None:
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            return _error(
+                "the job has no rollout, so eval asks the LLM itself, with the openai "
+                "package: pip install 'agentic-rl-runtime[eval]'",
+                2,
+            )
+
+    reporter = Reporter()
+    components = [f.component for f in plan.functions]
+    try:
+        check_imports(components, reporter)
+    except ComponentError as exc:
+        return _error(str(exc), 1)
+    weights = {
+        f.name: dict(f.component.spec.reward_metric_weight or f.component.weights or {})
+        for f in plan.functions
+        if f.kind == "reward" and f.component.spec is not None
+    }
+
+    from runtime.eval import report, runner, serving, stats
+
+    out = Path(args.out) if args.out else None
+    try:
+        with contextlib.ExitStack() as stack:
+            with reporter.step(f"starting {len(plan.functions)} function(s) from their packages"):
+                served = stack.enter_context(
+                    serving.serve_all(plan.functions, out / "logs" if out else None)
+                )
+            results = runner.run(plan, {name: s.url for name, s in served.items()})
+    except plans.StartError as exc:
+        return _error(str(exc), 1)
+
+    summary = stats.summarise(plan, results, weights)
+    report.print_table(summary)
+    if out is not None:
+        report.write_files(plan, results, summary, out)
+        try:
+            page = report.write_html(plan, results, summary, out)
+            reporter.note(f"wrote {out / 'trajectories.jsonl'}, {out / 'summary.json'}, {page}")
+        except report.ReportUnavailable as exc:
+            reporter.note(f"wrote {out / 'trajectories.jsonl'}, {out / 'summary.json'}")
+            reporter.note(f"warning: {exc}")
+    if results.stopped:
+        return _error(results.stopped, 1)
+    if args.fail_on_flags and summary["flags"]:
+        return _error(f"{len(summary['flags'])} red flag(s) (--fail-on-flags)", 1)
+    return 0

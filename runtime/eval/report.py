@@ -1,0 +1,323 @@
+"""What a run leaves: the table on the terminal, and with ``--out``: ``trajectories.jsonl``,
+``summary.json`` and ``report.html`` (one self-contained page: charts as embedded PNGs).
+
+The page needs matplotlib and jinja2 (``pip install 'agentic-rl-runtime[eval]'``); without
+them the table and the two other files are still written.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from runtime.eval.plan import Plan
+from runtime.eval.runner import Results, Trajectory
+from runtime.eval.stats import total_of
+
+__all__ = ["ReportUnavailable", "print_table", "write_files", "write_html"]
+
+SHOWN = 10  # lowest and highest scored trajectories on the page
+_CONTENT_LIMIT = 4000  # characters of one message on the page
+
+
+class ReportUnavailable(Exception):
+    pass
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def print_table(summary: dict[str, Any], stream: Any = None) -> None:
+    """The summary as tables on stdout (rich; 140 columns when not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    stream = stream or sys.stdout
+    console = Console(file=stream, width=None if stream.isatty() else 140, highlight=False)
+    functions = Table(title="Functions", title_justify="left")
+    for column in ("function", "type", "calls", "failed", "errors", "p50", "p95", "max", "timeout"):
+        functions.add_column(
+            column, justify="left" if column in ("function", "type", "errors") else "right"
+        )
+    for name, row in summary["functions"].items():
+        errors = ", ".join(f"{code} {n}" for code, n in row["errors"].items()) or "-"
+        failed = f"{row['failures']} ({row['failure_rate']:.0%})" if row["calls"] else "0"
+        functions.add_row(
+            name,
+            row["type"],
+            str(row["calls"]),
+            failed,
+            errors,
+            _seconds(row["latency_s"]["p50"]),
+            _seconds(row["latency_s"]["p95"]),
+            _seconds(row["latency_s"]["max"]),
+            f"{row['timeout_s']:g}s",
+        )
+    console.print(functions)
+
+    if summary["rewards"]:
+        rewards = Table(title="Rewards", title_justify="left")
+        for column in (
+            "reward",
+            "weight",
+            "scored",
+            "mean",
+            "std",
+            "min",
+            "max",
+            "=0",
+            "=1",
+            "distinct",
+            "zero-variance groups",
+        ):
+            rewards.add_column(column, justify="left" if column == "reward" else "right")
+
+        def add(label: str, weight: Any, stats: dict[str, Any], groups: str) -> None:
+            rewards.add_row(
+                label,
+                _num(weight),
+                str(stats["count"]),
+                _num(stats["mean"]),
+                _num(stats["std"]),
+                _num(stats["min"]),
+                _num(stats["max"]),
+                _share(stats["share_zero"]),
+                _share(stats["share_one"]),
+                str(stats["distinct"]),
+                groups,
+            )
+
+        for name, row in summary["rewards"].items():
+            label = name if row["type"] == "reward" else f"{name} (group)"
+            add(
+                label,
+                row["weight"],
+                row["scores"],
+                f"{row['zero_variance_groups']} of {row['groups']}",
+            )
+            for sub, stats in row["sub_rewards"].items():
+                failed = f" ({stats['failures']} failed)" if stats["failures"] else ""
+                add(f"  └ {sub}{failed}", None, stats, "")
+        total = summary["total"]
+        if total is not None:
+            add(
+                "weighted total",
+                None,
+                total["scores"],
+                f"{total['zero_variance_groups']} of {total['groups']}",
+            )
+        console.print(rewards)
+
+    done = summary["trajectories"]
+    console.print(
+        f"{summary['samples']} samples x {summary['rollouts_per_sample']} rollouts: "
+        f"{done['succeeded']} trajectories, {done['failed']} failed"
+        + (f", {done['not_run']} not run" if done["not_run"] else "")
+        + f" in {summary['elapsed_s']:.1f} s"
+    )
+    if summary["flags"]:
+        console.print(f"[bold red]{len(summary['flags'])} red flag(s):[/bold red]")
+        for flag in summary["flags"]:
+            console.print(f"[red]  ✗ {flag['message']}[/red]", markup=True)
+    else:
+        console.print("[green]no red flags[/green]")
+    if summary["stopped_early"]:
+        console.print(f"[bold red]{summary['stopped_early']}[/bold red]")
+
+
+def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
+    subs = {
+        name: {k: v for k, v in metrics.items() if "." not in k}
+        for name, metrics in trajectory.metrics.items()
+    }
+    return {
+        "file": trajectory.sample.file,
+        "line": trajectory.sample.line,
+        "rollout": trajectory.index,
+        "status": trajectory.status,
+        "error_code": trajectory.error_code,
+        "error": trajectory.error,
+        "messages": trajectory.messages,
+        "ground_truth": trajectory.sample.ground_truth,
+        "scores": trajectory.scores,
+        "reward_metrics": trajectory.metrics,
+        "sub_rewards": subs,
+        "total": total_of(plan, trajectory),
+        "latency_s": trajectory.latency,
+        "errors": trajectory.errors,
+    }
+
+
+def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "trajectories.jsonl").open("wb") as lines:
+        for trajectory in results.trajectories:
+            if trajectory.status != "pending":
+                lines.write(orjson.dumps(_trajectory_line(plan, trajectory)) + b"\n")
+    (out / "summary.json").write_bytes(
+        orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    )
+
+
+# ---- the page -----------------------------------------------------------------------
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=96, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    charts: dict[str, Any] = {"rewards": [], "latency": None}
+    scorers = [f.name for f in plan.rewards + plan.group_rewards]
+    if summary["total"] is not None:
+        scorers.append("weighted total")
+    for name in scorers:
+        if name == "weighted total":
+            values = [v for t in results.trajectories if (v := total_of(plan, t)) is not None]
+        else:
+            values = [t.scores[name] for t in results.trajectories if name in t.scores]
+        if not values:
+            continue
+        figure, axes = plt.subplots(figsize=(4.6, 2.6))
+        distinct = sorted(set(values))
+        bins: Any = (
+            [v - 0.5 for v in distinct] + [distinct[-1] + 0.5]
+            if len(distinct) <= 12 and all(float(v).is_integer() for v in distinct)
+            else min(20, max(5, int(math.sqrt(len(values))) * 2))
+        )
+        axes.hist(values, bins=bins, color="#3b6ea8", edgecolor="white")
+        axes.set_title(name, fontsize=10)
+        axes.set_xlabel("score", fontsize=9)
+        axes.set_ylabel("trajectories", fontsize=9)
+        axes.tick_params(labelsize=8)
+        axes.grid(axis="y", alpha=0.3)
+        charts["rewards"].append({"name": name, "png": _png(figure)})
+        plt.close(figure)
+
+    names = [n for n, row in summary["functions"].items() if row["calls"]]
+    if names:
+        figure, axes = plt.subplots(figsize=(9.2, 0.55 * len(names) + 1.2))
+        data = [[c.latency for c in results.calls if c.function == n] for n in names]
+        axes.boxplot(data, vert=False, tick_labels=names, showfliers=True)
+        for position, name in enumerate(names, 1):
+            timeout = summary["functions"][name]["timeout_s"]
+            if timeout <= max(max(d) for d in data) * 1.5:
+                axes.plot([timeout], [position], marker="|", color="#c0392b", markersize=18)
+        axes.set_xlabel("latency (s); red mark: the function's timeout", fontsize=9)
+        axes.tick_params(labelsize=8)
+        axes.grid(axis="x", alpha=0.3)
+        charts["latency"] = _png(figure)
+        plt.close(figure)
+    return charts
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(
+            str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content
+        )
+    text = "" if content is None else str(content)
+    return text if len(text) <= _CONTENT_LIMIT else text[:_CONTENT_LIMIT] + " [...]"
+
+
+def _transcript(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
+    messages = []
+    for message in trajectory.messages or []:
+        if not isinstance(message, dict):
+            continue
+        calls = [
+            f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+            for c in message.get("tool_calls") or []
+            if isinstance(c, dict)
+        ]
+        messages.append(
+            {
+                "role": str(message.get("role", "?")),
+                "content": _content(message),
+                "tool_calls": calls,
+            }
+        )
+    return {
+        "where": f"{Path(trajectory.sample.file).name}:{trajectory.sample.line} "
+        f"rollout {trajectory.index}",
+        "total": total_of(plan, trajectory),
+        "scores": trajectory.scores,
+        "errors": trajectory.errors,
+        "ground_truth": trajectory.sample.ground_truth,
+        "messages": messages,
+    }
+
+
+def _ranked(plan: Plan, results: Results) -> tuple[list[Trajectory], list[Trajectory]]:
+    """The lowest and the highest scored trajectories, none shown twice."""
+
+    def key(t: Trajectory) -> float | None:
+        total = total_of(plan, t)
+        if total is not None or not t.scores:
+            return total
+        return sum(t.scores.values())
+
+    scored = sorted(
+        (t for t in results.trajectories if key(t) is not None),
+        key=lambda t: (key(t), t.sample.line, t.index),
+    )
+    lowest = scored[: min(SHOWN, math.ceil(len(scored) / 2))]
+    highest = scored[len(lowest) :][::-1][:SHOWN]
+    return lowest, highest
+
+
+def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> Path:
+    try:
+        import jinja2
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ReportUnavailable(
+            f"report.html not written: it needs {exc.name}; install the eval extra: "
+            "pip install 'agentic-rl-runtime[eval]'"
+        ) from None
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("runtime.eval", "templates"),
+        autoescape=jinja2.select_autoescape(("html",)),
+        undefined=jinja2.StrictUndefined,
+    )
+    environment.filters["num"] = _num
+    environment.filters["share"] = _share
+    environment.filters["seconds"] = _seconds
+    lowest, highest = _ranked(plan, results)
+    page = environment.get_template("report.html").render(
+        summary=summary,
+        charts=_charts(summary, results, plan),
+        lowest=[_transcript(plan, t) for t in lowest],
+        highest=[_transcript(plan, t) for t in highest],
+        job_name=plan.job.config.name,
+    )
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

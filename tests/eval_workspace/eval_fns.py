@@ -1,0 +1,26 @@
+"""Functions for the eval tests: broken in the ways eval must catch."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
+
+
+class AlwaysRaises(AbstractRewardProcessor):
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        raise ZeroDivisionError("the judge divided by zero")
+
+
+class SlowReward(AbstractRewardProcessor):
+    """Takes SLOW_SECONDS per call (a plain ``def``: it runs in a worker thread); touches
+    EVAL_MARKER, when set, once it is called."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        marker = os.environ.get("EVAL_MARKER")
+        if marker:
+            Path(marker).touch()
+        time.sleep(float(os.environ.get("SLOW_SECONDS", "0.9")))
+        return RewardOutput(reward=Reward(reward_score=0.5))

@@ -1,0 +1,399 @@
+"""``python -m runtime eval``: the sample functions over the SDK example's data against the
+deterministic LLM stand-in, so that scores are known exactly; broken functions (always
+raising, constant, slow, not starting from their package); an OPD job without a rollout;
+exit codes, Ctrl-C, and the report page in a real headless browser.
+
+Each test runs eval as a subprocess, which serves every function from its package with
+``start.sh``; the autouse fixture fails a test that leaves a server or a temp dir behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, SAMPLES, SERVER_TMP, TESTS, free_port
+from llm_stub import LLMStub
+
+from runtime.eval.stats import percentile, score_stats
+
+DATA = ROOT.parent / "shared" / "specs" / "examples" / "data" / "calc_train_min.jsonl"
+WORKSPACE = TESTS / "eval_workspace"
+
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"the SDK example data {DATA} is missing")
+
+ROLLOUT = {
+    "type": "rollout",
+    "name": "calc-rollout",
+    "timeout": 60,
+    "fcmodel": {
+        "zipdir": str(SAMPLES),
+        "classpath": "functions.rollout.rollout:DemoRolloutProcessor",
+    },
+}
+ANSWER = {
+    "type": "reward",
+    "name": "answer-match",
+    "timeout": 30,
+    "weight": 1.0,
+    "fcmodel": {"zipdir": str(SAMPLES), "classpath": "functions.reward.reward:DemoRewardProcessor"},
+}
+SAFETY = {
+    "type": "reward",
+    "name": "safety",
+    "timeout": 30,
+    "weight": 0.2,
+    "fcmodel": {"zipdir": str(SAMPLES), "classpath": "functions.reward.safety:SafetyProcessor"},
+}
+GROUP = {
+    "type": "group_reward",
+    "name": "group-norm",
+    "timeout": 30,
+    "weight": 0.5,
+    "fcmodel": {
+        "zipdir": str(SAMPLES),
+        "classpath": "functions.reward.group_reward:DemoGroupRewardProcessor",
+    },
+}
+
+
+def _ours(kind: str, name: str, classpath: str, timeout: int = 30, **more: Any) -> dict:
+    fcmodel = {"zipdir": str(WORKSPACE), "classpath": classpath}
+    return {"type": kind, "name": name, "timeout": timeout, "fcmodel": fcmodel, **more}
+
+
+def job_file(folder: Path, functions: list[dict], *, teacher: str | None = None) -> Path:
+    job: dict[str, Any] = {
+        "name": "eval-test",
+        "model": {"name": "stub-model"},
+        "functions": functions,
+        "datasets": [{"type": "training", "file_name": str(DATA)}],
+        "training": {
+            "type": "pg_opd" if teacher else "reinforcement",
+            "hyper_parameters": {"n_rollouts": 4},
+        },
+    }
+    if teacher:
+        job["teacher_model"] = teacher
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def _env() -> dict[str, str]:
+    # TMPDIR: the fixture checks it for leftovers; no LLM_* from the developer's shell
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_")}
+    return {**env, "TMPDIR": str(SERVER_TMP), "PYTHONUNBUFFERED": "1"}
+
+
+def run_eval(config: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "eval", "-c", str(config), *args],
+        cwd=config.parent,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def questions(count: int) -> list[str]:
+    lines = DATA.read_text().splitlines()[:count]
+    return [json.loads(line)["messages"][-1]["content"] for line in lines]
+
+
+def solutions(count: int) -> list[str]:
+    return [
+        json.loads(line)["rollout_extra"]["solution"]
+        for line in DATA.read_text().splitlines()[:count]
+    ]
+
+
+# ---- the sample functions, with known scores ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """8 lines x 4 rollouts seeded 0..3. The stand-in knows the answers of lines 1 to 3 and
+    gives them on even seeds; on odd seeds it guesses the question's first number (wrong on
+    these lines); lines 4 to 8 it works out with the calculator tool, wrongly (their first
+    arithmetic expression is not the answer)."""
+    folder = tmp_path_factory.mktemp("eval-sample")
+    config = job_file(folder, [ROLLOUT, ANSWER, SAFETY, GROUP])
+    answers = dict(zip(questions(3), solutions(3), strict=True))
+    with LLMStub(free_port(), answers=answers) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "-n", "8", "--seed", "0", "--out", "out"
+        )
+    return done, folder / "out", llm
+
+
+def test_sample_functions_give_known_scores(sample_run: Any) -> None:
+    done, out, llm = sample_run
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is True and summary["stopped_early"] is None
+    assert summary["samples"] == 8 and summary["rollouts_per_sample"] == 4  # n_rollouts
+    assert summary["trajectories"] == {"total": 32, "succeeded": 32, "failed": 0, "not_run": 0}
+
+    answer = summary["rewards"]["answer-match"]
+    # lines 1-3: seeds 0 and 2 right, 1 and 3 wrong; lines 4-8: all wrong
+    assert answer["scores"]["mean"] == pytest.approx(6 / 32)
+    assert answer["scores"]["share_one"] == pytest.approx(6 / 32)
+    assert answer["scores"]["distinct"] == 2
+    assert (answer["groups"], answer["zero_variance_groups"]) == (8, 5)
+    group = summary["rewards"]["group-norm"]  # normalised in its group: +1 / -1, or 0
+    assert group["scores"]["mean"] == pytest.approx(0.0)
+    assert (group["scores"]["min"], group["scores"]["max"]) == (-1.0, 1.0)
+    safety = summary["rewards"]["safety"]
+    assert set(safety["sub_rewards"]) == {"no_unsafe_content", "concise"}
+    # the weighted total: right 1 + 0.2 + 0.5, wrong in a mixed group 0 + 0.2 - 0.5, else 0.2
+    total = summary["total"]
+    assert total["scores"]["mean"] == pytest.approx((6 * 1.7 + 6 * -0.3 + 20 * 0.2) / 32)
+    assert (total["groups"], total["zero_variance_groups"]) == (8, 5)
+
+    flags = {(f["kind"], f["function"]) for f in summary["flags"]}
+    assert flags == {("constant", "safety"), ("zero_variance", "total")}
+    functions = summary["functions"]
+    assert [functions[n]["calls"] for n in ("calc-rollout", "answer-match", "group-norm")] == [
+        32,
+        32,
+        8,
+    ]
+    assert all(f["failures"] == 0 for f in functions.values())
+
+    # the rollout reached the LLM named in the job (model.name), with the seeds
+    assert {r["model"] for r in llm.requests} == {"stub-model"}
+    assert sorted({r["seed"] for r in llm.requests}) == [0, 1, 2, 3]
+
+    # the terminal table, and the red flags in words
+    assert "answer-match" in done.stdout and "weighted total" in done.stdout
+    assert "safety scored 1 on all 32 trajectories" in done.stdout
+    assert "5 of 8 groups scored the same" in done.stdout
+
+
+def test_sample_run_files(sample_run: Any) -> None:
+    _, out, _ = sample_run
+    lines = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(lines) == 32
+    first = next(t for t in lines if t["line"] == 1 and t["rollout"] == 0)
+    assert first["scores"]["answer-match"] == 1.0
+    assert first["messages"][-1]["content"] == "The answer is \\boxed{2/3}."
+    assert first["ground_truth"] == "2/3"
+    assert set(first["latency_s"]) == {"calc-rollout", "answer-match", "safety", "group-norm"}
+    assert first["total"] == pytest.approx(1.7)
+    assert first["sub_rewards"]["safety"] == {"no_unsafe_content": 1.0, "concise": 1.0}
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5  # 3 rewards + the total, and latency
+    assert "Lowest scored trajectories" in page and "Highest scored trajectories" in page
+    assert "stub-model" in page and "EMPTY" not in page  # the LLM key never shows
+    assert {p.name for p in (out / "logs").iterdir()} == {
+        "calc-rollout.log",
+        "answer-match.log",
+        "safety.log",
+        "group-norm.log",
+    }
+
+
+def test_the_report_renders_in_a_headless_browser(sample_run: Any, tmp_path: Path) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium (apt-get install -y chromium)")
+    _, out, _ = sample_run
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,2000",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1200, 2000)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    # a blank page has one colour; the report has text, tables and charts
+    assert colours is not None and len(colours) > 200
+
+
+def test_fail_on_flags_exits_1(sample_run: Any, tmp_path: Path) -> None:
+    config = job_file(tmp_path, [ROLLOUT, ANSWER, SAFETY])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--fail-on-flags"
+        )
+    assert done.returncode == 1, done.stderr
+    assert "red flag(s) (--fail-on-flags)" in done.stderr
+    assert "safety scored 1 on all 4 trajectories" in done.stdout
+
+
+# ---- broken functions -----------------------------------------------------------------
+
+
+def test_a_reward_that_always_raises_stops_the_run_early(tmp_path: Path) -> None:
+    raises = _ours("reward", "raises", "eval_fns:AlwaysRaises")
+    config = job_file(tmp_path, [ROLLOUT, raises])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "16", "--out", "out")
+    assert done.returncode == 1, done.stderr
+    assert "stopped early: raises failed" in done.stderr
+    assert "PROCESSOR_ERROR" in done.stderr and "the judge divided by zero" in done.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["completed"] is False
+    calls = summary["functions"]["raises"]
+    assert 20 <= calls["calls"] < 64 and calls["failures"] == calls["calls"]
+    assert calls["errors"] == {"PROCESSOR_ERROR": calls["calls"]}
+
+
+def test_a_slow_reward_is_flagged(tmp_path: Path) -> None:
+    slow = _ours("reward", "slow", "eval_fns:SlowReward", timeout=1)
+    config = job_file(tmp_path, [ROLLOUT, slow])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert {f["kind"] for f in summary["flags"] if f["function"] == "slow"} >= {"latency"}
+    assert summary["functions"]["slow"]["latency_s"]["p95"] >= 0.8
+    assert "slow: p95 latency" in done.stdout
+
+
+def test_a_function_is_run_from_its_package(tmp_path: Path) -> None:
+    """It imports in the workspace, but reads a *.md file that is not packaged: eval, which
+    serves the package, says it cannot start, with the server's own error."""
+    notes = _ours("reward", "notes", "needs_notes:NeedsNotes")
+    config = job_file(tmp_path, [ROLLOUT, notes])
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1")
+    assert done.returncode == 1, done.stderr
+    assert "notes (needs_notes:NeedsNotes) exited with code" in done.stderr
+    assert "notes.md" in done.stderr
+
+
+def test_an_opd_job_without_a_rollout_asks_the_llm(tmp_path: Path) -> None:
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    answers = dict(zip(questions(1), solutions(1), strict=True))
+    with LLMStub(free_port(), answers=answers) as llm:
+        done = run_eval(
+            config,
+            "--llm-base-url",
+            llm.base_url,
+            "--llm-model",
+            "m",
+            "-n",
+            "3",
+            "-k",
+            "2",
+            "--out",
+            "out",
+        )
+    assert done.returncode == 0, done.stderr
+    # one chat completion per trajectory: the line's messages, no tools, the model given
+    assert len(llm.requests) == 6
+    assert {r["model"] for r in llm.requests} == {"m"}
+    asked = sorted(r["messages"][0]["content"] for r in llm.requests)
+    assert asked == sorted(q for q in questions(3) for _ in range(2))
+    assert all(len(r["messages"]) == 1 and "tools" not in r for r in llm.requests)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["functions"]["llm"]["calls"] == 6
+    assert summary["rewards"]["answer-match"]["scores"]["mean"] == pytest.approx(2 / 6)
+    lines = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert all(len(t["messages"]) == 2 and t["messages"][1]["role"] == "assistant" for t in lines)
+
+
+# ---- exit codes and stopping ----------------------------------------------------------
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    config = job_file(tmp_path, [ROLLOUT, ANSWER])
+    done = run_eval(config)
+    assert done.returncode == 2 and "no LLM: pass --llm-base-url" in done.stderr
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--samples", "0")
+    assert done.returncode == 2 and "must be above 0" in done.stderr
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--split", "validation")
+    assert done.returncode == 2 and "no validation dataset" in done.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--data", str(bad))
+    assert done.returncode == 2 and "bad.jsonl:2: not JSON" in done.stderr
+    config.write_text(config.read_text() + "bogus_key: 1\n")
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1")
+    assert done.returncode == 2 and "job.yaml:" in done.stderr and "bogus_key" in done.stderr
+
+
+def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
+    marker = tmp_path / "called"
+    slow = _ours(
+        "reward",
+        "slow",
+        "eval_fns:SlowReward",
+        timeout=120,
+        runtime={"env": {"EVAL_MARKER": str(marker), "SLOW_SECONDS": "60"}},
+    )
+    config = job_file(tmp_path, [ROLLOUT, slow])
+    with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "eval",
+                "-c",
+                str(config),
+                "--llm-base-url",
+                llm.base_url,
+                "-n",
+                "2",
+                "-k",
+                "2",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        deadline = time.monotonic() + 120
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), (tmp_path / "err").read_text()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 130
+    assert "interrupted" in (tmp_path / "err").read_text()
+    # the autouse fixture: no server left running, no temporary directory left behind
+
+
+# ---- the numbers ----------------------------------------------------------------------
+
+
+def test_percentiles_and_score_stats() -> None:
+    assert percentile([], 0.5) is None
+    assert percentile([3.0], 0.95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([float(v) for v in range(1, 101)], 0.95) == pytest.approx(95.05)
+    stats = score_stats([0.0, 1.0, 1.0, 0.5])
+    assert stats["mean"] == 0.625 and stats["share_zero"] == 0.25 and stats["share_one"] == 0.5
+    assert stats["distinct"] == 3 and stats["min"] == 0.0 and stats["max"] == 1.0
+    assert score_stats([])["count"] == 0
