@@ -321,6 +321,10 @@ class IsolationPoolBroken(RuntimeError):
     pass
 
 
+class UnreadableResult(RuntimeError):
+    pass
+
+
 class ProcessOffload:
     def __init__(self, spec: str, workspace: str, func_type: str, processes: int) -> None:
         self._args = (spec, workspace, func_type, processes)
@@ -392,7 +396,7 @@ class ProcessOffload:
         try:
             return pickle.loads(data)
         except Exception as exc:
-            raise IsolationPoolBroken(
+            raise UnreadableResult(
                 f"the result of {attr}() could not be read back from its isolation process: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
