@@ -311,6 +311,13 @@ class _Supervisor:
             if process.is_alive():
                 log.error("worker [%s] did not stop within its grace; killing it", process.pid)
             self.kill(process)
+        # As a single worker does: exit 0 only if every worker that took requests stopped
+        # cleanly (one that was killed, or exited 1 itself, may have left requests unanswered).
+        served = [w.process for w in workers if w.ready] + [p for p, _ in self.retiring]
+        unclean = [p.pid for p in served if p.exitcode != 0]
+        if unclean and not self.exit_code:
+            log.error("workers %s did not stop cleanly; exiting 1", unclean)
+            self.exit_code = 1
 
     @staticmethod
     def terminate(process: BaseProcess) -> None:

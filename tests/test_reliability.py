@@ -3,6 +3,7 @@ under load. Each test drives a real server subprocess over HTTP."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -158,7 +159,7 @@ def test_a_dead_worker_is_replaced_while_the_others_serve(start_server):
             served += fresh.post("/api/v1", json=reward_body()).status_code == 200
     assert served == 10
     server.wait_output("ready: DyingReward", 3)
-    assert "died (exit code 1); starting a replacement" in server.output()
+    server.wait_output("died (exit code 1); starting a replacement")
     assert server.output().count("ready: DyingReward") == 3
     assert server.terminate() == 0
 
@@ -215,6 +216,25 @@ def workers_of(server) -> set[int]:  # type: ignore[no-untyped-def]
     return found
 
 
+def test_a_worker_that_stops_on_its_own_is_replaced_while_it_drains(start_server, tmp_path):
+    # A worker that found itself unhealthy drains and exits (runtime.server); SIGTERM sent to
+    # one worker takes the same path. Its replacement must not wait for the drain to end.
+    server = start_server(
+        "workspace.fns:SleepyReward", "--workers", "2", env={"TEST_MARKER_DIR": str(tmp_path)}
+    )
+    server.wait_output("ready: SleepyReward", 2)
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url, timeout=60) as fresh:
+        long = pool.submit(fresh.post, "/api/v1", json=reward_body(sleep=10, tag="long"))
+        (marker,) = wait_for_files(tmp_path, "started-long", 1)
+        draining = int(marker.read_text())
+        os.kill(draining, signal.SIGTERM)
+        server.wait_output("ready: SleepyReward", 3)
+        assert alive(draining), "the replacement started only once the old worker was gone"
+        assert long.result().status_code == 200  # and the old one finished its request
+    server.wait_output(f"worker [{draining}] is draining; starting a replacement")
+    assert server.terminate() == 0
+
+
 def test_workers_exit_when_the_supervisor_is_killed(start_server):
     server = start_server("workspace.fns:EchoReward", "--workers", "2", "--grace", "2")
     server.wait_output("ready: EchoReward", 2)
@@ -226,7 +246,7 @@ def test_workers_exit_when_the_supervisor_is_killed(start_server):
     assert not left, f"still running 15s after the supervisor was killed: {left}"
     with pytest.raises(httpx.TransportError):  # nobody holds the socket any more
         httpx.get(f"{server.url}/health", timeout=2)
-    assert "the supervisor is gone; stopping" in server.output()
+    server.wait_output("the supervisor is gone; stopping", count=2)
     # the conftest check then finds no temp file left: the orphans removed the metrics dir
 
 
@@ -289,7 +309,7 @@ def test_a_worker_whose_event_loop_is_blocked_is_replaced(start_server, tmp_path
         assert isinstance(blocked.result(timeout=30), httpx.TransportError)  # its worker was killed
     assert not alive(blocked_pid)
     assert health and all(status == 200 and took < 2 for status, took in health), health
-    assert f"worker [{blocked_pid}]: event loop blocked for" in server.output()
+    server.wait_output(f"worker [{blocked_pid}]: event loop blocked for")
     assert server.terminate() == 0
 
 
@@ -319,9 +339,10 @@ def test_sigterm_stops_all_workers_within_one_grace(start_server, tmp_path):
         pool.submit(blocked_request)  # a blocked worker accepts nothing: this goes to the other
         wait_for_files(tmp_path, "blocking-*", 2)
         started = time.monotonic()
-        server.terminate(timeout=60)
+        code = server.terminate(timeout=60)
         took = time.monotonic() - started
     # Neither worker can drain (its loop is blocked): both are killed once the one shared
     # --grace is over, not after a bound each.
     assert took < 1 + 5, f"stopping 2 wedged workers took {took:.1f}s"
     assert server.output().count("event loop blocked for") == 2
+    assert code == 1  # two accepted requests were never answered

@@ -44,7 +44,7 @@ class SleepyReward(AbstractRewardProcessor):
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         tag = (input_data.agent_output.rollout_extra or {}).get("tag", "x")
-        (MARKERS / f"started-{tag}").write_text("started")
+        (MARKERS / f"started-{tag}").write_text(str(os.getpid()))
         try:
             await asyncio.sleep(_delay(input_data))
         except asyncio.CancelledError:
