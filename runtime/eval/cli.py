@@ -197,6 +197,15 @@ def _run(args: argparse.Namespace) -> int:
     from runtime.eval import report, runner, serving, stats
 
     out = Path(args.out) if args.out else None
+    inside = out and next(
+        (f for f in plan.functions if out.resolve().is_relative_to(f.component.zipdir)), None
+    )
+    if inside:
+        reporter.note(
+            f"note: {out} is inside the workspace {inside.component.zipdir}: `register` would "
+            "package it with the functions; write it elsewhere, or exclude it "
+            "(FC_ZIP_EXCLUDE_PATTERNS)"
+        )
     try:
         with contextlib.ExitStack() as stack:
             with reporter.step(f"starting {len(plan.functions)} function(s) from their packages"):

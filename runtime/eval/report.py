@@ -206,12 +206,15 @@ def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, 
             continue
         figure, axes = plt.subplots(figsize=(4.6, 2.6))
         distinct = sorted(set(values))
-        bins: Any = (
-            [v - 0.5 for v in distinct] + [distinct[-1] + 0.5]
-            if len(distinct) <= 12 and all(float(v).is_integer() for v in distinct)
-            else min(20, max(5, int(math.sqrt(len(values))) * 2))
-        )
-        axes.hist(values, bins=bins, color="#3b6ea8", edgecolor="white")
+        if len(distinct) <= 12:  # few values (0/1 rewards): a bar per value, counted
+            counts = [values.count(v) for v in distinct]
+            labels = [_num(v) for v in distinct]
+            bars = axes.bar(labels, counts, color="#3b6ea8", width=0.6)
+            axes.bar_label(bars, fontsize=8)
+            axes.margins(y=0.15)
+        else:
+            bins = min(20, max(5, int(math.sqrt(len(values))) * 2))
+            axes.hist(values, bins=bins, color="#3b6ea8", edgecolor="white")
         axes.set_title(name, fontsize=10)
         axes.set_xlabel("score", fontsize=9)
         axes.set_ylabel("trajectories", fontsize=9)
@@ -225,11 +228,14 @@ def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, 
         figure, axes = plt.subplots(figsize=(9.2, 0.55 * len(names) + 1.2))
         data = [[c.latency for c in results.calls if c.function == n] for n in names]
         axes.boxplot(data, vert=False, tick_labels=names, showfliers=True)
+        marked = False
         for position, name in enumerate(names, 1):
             timeout = summary["functions"][name]["timeout_s"]
-            if timeout <= max(max(d) for d in data) * 1.5:
+            if timeout <= max(max(d) for d in data) * 1.5:  # else it would squash the boxes
                 axes.plot([timeout], [position], marker="|", color="#c0392b", markersize=18)
-        axes.set_xlabel("latency (s); red mark: the function's timeout", fontsize=9)
+                marked = True
+        label = "latency (s)" + ("; red mark: the function's timeout" if marked else "")
+        axes.set_xlabel(label, fontsize=9)
         axes.tick_params(labelsize=8)
         axes.grid(axis="x", alpha=0.3)
         charts["latency"] = _png(figure)
