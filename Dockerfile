@@ -2,9 +2,10 @@
 #
 #   docker build -t rl-fn . && docker run -p 8000:8000 rl-fn        # the sample reward
 #   docker build --build-arg WORKSPACE=path/to/workspace -t my-fn .   # a workspace in this context
-#   python -m runtime build path/to/workspace --image my-fn           # a workspace anywhere
+#   python -m runtime build path/to/workspace --image my-fn --target module:Class   # anywhere
 #
-# The processor is chosen at run time: PROCESSOR_CLASS, or the command's argument
+# The default processor is the build argument PROCESSOR_CLASS (build's --target); at run
+# time -e PROCESSOR_CLASS or the command's argument overrides it
 # (docker run my-fn functions.reward.safety:SafetyProcessor). Every serve option has
 # an environment variable (see the README), so `docker run -e ...` configures it.
 
@@ -30,10 +31,13 @@ RUN if [ -f /tmp/requirements/requirements.txt ]; then pip install -r /tmp/requi
 COPY ${WORKSPACE}/ /workspace/
 
 FROM ${BASE_IMAGE}
+# The default processor (`python -m runtime build --target` sets it); a `docker run`
+# argument or -e PROCESSOR_CLASS overrides it.
+ARG PROCESSOR_CLASS=functions.reward.reward:DemoRewardProcessor
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PROCESSOR_CLASS=functions.reward.reward:DemoRewardProcessor \
+    PROCESSOR_CLASS=${PROCESSOR_CLASS} \
     PORT=8000
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin function
 COPY --from=build /opt/venv /opt/venv

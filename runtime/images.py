@@ -83,12 +83,15 @@ def _docker(*args: str, capture: bool = False) -> subprocess.CompletedProcess[st
         ) from None
 
 
-def build(workspace: Path, image: str) -> None:
-    """Build ``image`` from ``workspace``; docker's progress goes to stderr."""
+def build(workspace: Path, image: str, target: str | None = None) -> None:
+    """Build ``image`` from ``workspace``; docker's progress goes to stderr. ``target``
+    becomes the image's default processor (``PROCESSOR_CLASS``); a ``docker run``
+    argument or ``-e PROCESSOR_CLASS`` still overrides it."""
     if not workspace.is_dir():
         raise ImageError(f"workspace {str(workspace)!r} is not a directory")
+    default = ["--build-arg", f"PROCESSOR_CLASS={target}"] if target else []
     with build_context(workspace) as context:
-        _docker("build", "--build-arg", "WORKSPACE=workspace", "-t", image, str(context))
+        _docker("build", "--build-arg", "WORKSPACE=workspace", *default, "-t", image, str(context))
 
 
 def push(image: str) -> str:
@@ -112,7 +115,7 @@ def run_build(workspace: str, image: str, target: str | None, push_it: bool = Fa
             print(f"error: {exc} (checked locally before building)", file=sys.stderr)
             return 2
     try:
-        build(Path(workspace), image)
+        build(Path(workspace), image, target)
         if push_it:
             digest = push(image)
             name = image.split("@", 1)[0]

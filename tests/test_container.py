@@ -92,11 +92,15 @@ def run_container() -> Iterator:
     names: list[str] = []
 
     def run(
-        image: str, *args: str, env: dict[str, str] | None = None, network_host: bool = False
+        image: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        network_host: bool = False,
+        run_options: tuple[str, ...] = (),
     ) -> tuple[str, str]:
         name = f"rl-test-{uuid.uuid4().hex[:8]}"
         port = free_port()
-        options = ["--name", name]
+        options = ["--name", name, *run_options]
         if network_host:
             options += ["--network", "host", "-e", f"PORT={port}"]
         else:
@@ -170,8 +174,34 @@ def test_rollout_in_the_image_reaches_the_llm(image, run_container):
     assert output["agent_output"]["messages"][-1]["content"].endswith("\\boxed{391}.")
 
 
-def test_docker_stop_drains_and_exits_zero(test_workspace_image, run_container):
-    name, url = run_container(test_workspace_image, "workspace.fns:SleepyReward")
+def test_build_target_is_the_image_default_and_an_argument_overrides_it(
+    test_workspace_image, run_container
+):
+    env = docker("inspect", test_workspace_image, "--format", "{{json .Config.Env}}").stdout
+    assert "PROCESSOR_CLASS=workspace.fns:SleepyReward" in json.loads(env)
+    _, plain = run_container(test_workspace_image)  # no argument: the built target
+    assert httpx.get(f"{plain}/health").json()["processor"] == "SleepyReward"
+    _, other = run_container(test_workspace_image, "workspace.fns:EchoReward")
+    assert httpx.get(f"{other}/health").json()["processor"] == "EchoReward"
+    _, by_env = run_container(
+        test_workspace_image, env={"PROCESSOR_CLASS": "workspace.fns:EchoReward"}
+    )
+    assert httpx.get(f"{by_env}/health").json()["processor"] == "EchoReward"
+
+
+@pytest.mark.parametrize(
+    ("run_options", "stop_options"),
+    [((), ("-t", "35")), (("--stop-timeout", "35"), ())],
+    ids=["docker-stop-t", "docker-run-stop-timeout"],
+)
+def test_docker_stop_drains_and_exits_zero(
+    test_workspace_image, run_container, run_options, stop_options
+):
+    """Both ways the README gives; a plain `docker stop` of a container started without
+    --stop-timeout kills at once on some engines (Podman 4.3 through the docker CLI)."""
+    name, url = run_container(
+        test_workspace_image, "workspace.fns:SleepyReward", run_options=run_options
+    )
     result: dict[str, httpx.Response] = {}
     request = threading.Thread(
         target=lambda: result.setdefault(
@@ -179,8 +209,11 @@ def test_docker_stop_drains_and_exits_zero(test_workspace_image, run_container):
         )
     )
     request.start()
-    time.sleep(0.5)
-    docker("stop", "-t", "35", name)
+    deadline = time.monotonic() + 30  # stop once the request is in flight
+    while "rl_function_requests_in_flight 1.0" not in httpx.get(f"{url}/metrics").text:
+        assert time.monotonic() < deadline, "the request never reached the server"
+        time.sleep(0.05)
+    docker("stop", *stop_options, name)
     request.join()
     assert result["r"].status_code == 200
     assert docker("inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip() == "0"
