@@ -44,6 +44,7 @@ class Settings:
     access_log: bool = False
     slow_request: float = 10.0
     tracing: bool = False
+    flush_spans: str = "shutdown"  # with tracing: "request" exports after each response
     isolation: str = "thread"
     processes: int = 0  # 0: the CPUs this process may use (affinity, cgroup quota)
     sub_reward_errors: str = "zero"
@@ -52,6 +53,8 @@ class Settings:
     trainer_timeout: float = 100.0
     trainer_prefix: str = ""
     ground_truth_field: str = "expected_answer"
+    # OpenRLHF: end-of-turn tokens stripped from the end of a response, comma-separated
+    trainer_end_tokens: str = "<|im_end|>,<|endoftext|>,</s>,<|eot_id|>,<|end_of_text|>,<|end|>"
     # replicas: --ray (runtime.ray_serve), and the autoscaler of `manifests`
     ray: bool = False
     replicas: str = "1"
@@ -163,6 +166,13 @@ def _prefix(text: str) -> str:
     return prefix
 
 
+def _flush_spans(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered not in ("shutdown", "request", "none"):  # the SDK's three values
+        raise ValueError("must be shutdown or request")
+    return "shutdown" if lowered == "none" else lowered  # the exporter always drains at stop
+
+
 def _log_format(text: str) -> str:
     lowered = text.strip().lower()
     if lowered not in ("text", "json"):
@@ -242,6 +252,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--tracing", "tracing", ("ENABLE_TRAJECTORY",), _bool,
            "export OpenTelemetry traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_* configure it; "
            "OTEL_SDK_DISABLED=true wins)", "{true,false}", bare=True),
+    Option("--flush-spans", "flush_spans", ("AGENTIC_RL_FORCE_FLUSH_MODE",), _flush_spans,
+           "with --tracing: export spans in batches and at a graceful stop (shutdown), or "
+           "after each response as well (request: for instances that may be frozen or "
+           "killed between requests)", "{shutdown,request}"),
     Option("--slow-request", "slow_request", ("SLOW_REQUEST_SECONDS",), _seconds,
            "requests slower than this are logged", "SECONDS"),
     Option("--trainer-errors", "trainer_errors", ("TRAINER_ERRORS",), _trainer_errors,
@@ -254,6 +268,9 @@ OPTIONS: tuple[Option, ...] = (
            "path prefix of the trainer protocols, e.g. /trainers", "PATH"),
     Option("--ground-truth-field", "ground_truth_field", ("GROUND_TRUTH_FIELD",), str,
            "NeMo Gym /verify: the row field passed as ground_truth", "NAME"),
+    Option("--trainer-end-tokens", "trainer_end_tokens", ("TRAINER_END_TOKENS",), str,
+           "OpenRLHF: special tokens stripped from the end of a response, comma-separated "
+           "(empty: keep them)", "TOKENS"),
     Option("--ray", "ray", ("SERVE_ON_RAY",), _bool,
            "serve on Ray Serve: join the cluster at RAY_ADDRESS, or start a local one "
            "(pip install -e '.[ray]')", "{true,false}", bare=True),

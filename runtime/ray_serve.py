@@ -117,7 +117,15 @@ class FunctionReplica:
         logging.getLogger("runtime").setLevel(settings.log_level.upper())  # Ray owns handlers
         target = load_target(settings.target, settings.workspace, settings.func_type)
         function = Function(target, isolation=settings.isolation, processes=settings.processes)
-        tracing = Tracing(target.func_type.value, target.name) if settings.tracing else None
+        tracing = (
+            Tracing(
+                target.func_type.value,
+                target.name,
+                flush_each_request=settings.flush_spans == "request",
+            )
+            if settings.tracing
+            else None
+        )
         self._function_app = FunctionApp(function, settings, tracing)
         return _StartedWhenReady(self._function_app)
 

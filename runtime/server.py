@@ -200,7 +200,15 @@ def run_worker(
             threads=settings.threads,
             sub_reward_errors=settings.sub_reward_errors,
         )
-        tracing = Tracing(target.func_type.value, target.name) if settings.tracing else None
+        tracing = (
+            Tracing(
+                target.func_type.value,
+                target.name,
+                flush_each_request=settings.flush_spans == "request",
+            )
+            if settings.tracing
+            else None
+        )
         app = FunctionApp(function, settings, tracing)
     except (TargetError, ProcessorFailure) as exc:
         log.error("%s", exc)

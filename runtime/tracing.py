@@ -65,7 +65,7 @@ class _BaggageToAttributes(SpanProcessor):
 
 
 class Tracing:
-    def __init__(self, func_type: str, processor: str) -> None:
+    def __init__(self, func_type: str, processor: str, flush_each_request: bool = False) -> None:
         from opentelemetry import trace
         from opentelemetry.baggage.propagation import W3CBaggagePropagator
         from opentelemetry.propagators.composite import CompositePropagator
@@ -93,9 +93,7 @@ class Tracing:
         )
         self._func_type = func_type
         self._processor = processor
-        self.flush_each_request = (
-            os.environ.get("AGENTIC_RL_FORCE_FLUSH_MODE", "").strip().lower() == "request"
-        )
+        self.flush_each_request = flush_each_request  # --flush-spans request
 
     @contextmanager
     def request(self, scope: dict[str, Any], input_data: Any) -> Iterator[Span]:

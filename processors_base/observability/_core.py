@@ -24,6 +24,8 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerP
 from processors_base.redaction import REDACTED, redact, request_secrets, secret_forms
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# Read here, not in runtime.config's table: this instrumentation also runs where no serve
+# settings exist (invoke, a trainer's process, a user's script), as OTEL_* variables are.
 LIMIT_ENV = "AGENTIC_RL_CAPTURE_MAX_CHARS"
 
 # Ids of request_metadata: baggage of every span of a request, and attributes of each span.
