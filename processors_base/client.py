@@ -2,9 +2,11 @@
 
 ``RewardClient`` posts to the function's ``/api/v1`` over a pool of kept-alive connections,
 with at most ``concurrency`` calls in flight, retries of 503 and 429 (waiting as long as
-``Retry-After`` says) and of refused connections, and one deadline over all tries. It
-never raises for a failed call: the result is reward 0.0 with ``failed`` set and the
-reason, so one bad call cannot stop a training run.
+``Retry-After`` says) and of refused connections, and one deadline over the wait for a
+free slot, all tries and the call. It never raises for a failed call: the result is
+reward 0.0 with ``failed`` set and the reason, so one bad call cannot stop a training
+run. Bodies are encoded with orjson: NaN and Infinity in dataset fields become null,
+numpy values plain numbers, anything else its text.
 
 Trainers call reward hooks from threads, from their own event loops, or from pools of
 processes; ``shared_client(url)`` gives one client per URL and process, living on a
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 
 __all__ = ["RewardClient", "RewardResult", "shared_client"]
 
@@ -33,6 +36,8 @@ log = logging.getLogger("processors_base.client")
 
 URL_ENV = "AGENTIC_RL_REWARD_URL"
 _RETRY_STATUS = (429, 503)
+_JSON_HEADERS = {"content-type": "application/json"}
+_ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 @dataclass
@@ -70,8 +75,8 @@ class RewardClient:
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             transport=transport,
         )
-        # Metric names seen so far: a failed call reports them as 0.0, so that a trainer
-        # stacking per-sample metrics (verl) always gets the same keys.
+        # Metric names seen so far: every result carries them all (0.0 where it has none),
+        # so that a trainer stacking per-sample metrics (verl) gets the same keys.
         self._metric_names: dict[str, None] = {}
 
     async def __aenter__(self) -> RewardClient:
@@ -89,34 +94,46 @@ class RewardClient:
         ground_truth: Any = None,
         *,
         extra: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> RewardResult:
-        """Score one trajectory given as chat messages."""
+        """Score one trajectory given as chat messages (``timeout``: this call's deadline)."""
         body = {
             "func_type": "reward",
             "ground_truth": ground_truth,
             "agent_output": {"messages": messages, "rollout_extra": extra},
         }
-        return await self.call(body)
+        return await self.call(body, timeout=timeout)
 
-    async def call(self, body: dict[str, Any]) -> RewardResult:
+    async def call(self, body: dict[str, Any], *, timeout: float | None = None) -> RewardResult:
         """Post one RewardInput (as a dict); never raises for a failed call."""
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self._concurrency)
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        late = f"DEADLINE_EXCEEDED: no answer within {timeout:g}s"
+        deadline = time.monotonic() + timeout
+        try:
+            content = orjson.dumps(body, default=_plain, option=_ORJSON_OPTIONS)
+        except TypeError as exc:  # a dict nested too deep, an int past 64 bits
+            return self._failed(f"the request cannot be encoded: {exc}")
         tries = 0
         while True:
             tries += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self._failed(f"DEADLINE_EXCEEDED: no answer within {self.timeout:g}s")
+            try:  # the wait for a free slot counts against the deadline too
+                await asyncio.wait_for(self._semaphore.acquire(), deadline - time.monotonic())
+            except TimeoutError:
+                return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
             try:
-                async with self._semaphore:
-                    answer = await self._http.post(self.url, json=body, timeout=left)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._failed(late)
+                answer = await self._http.post(
+                    self.url, content=content, headers=_JSON_HEADERS, timeout=left
+                )
             except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
                 wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
                 reason = f"{type(exc).__name__}: {exc}"
             except httpx.TimeoutException:
-                return self._failed(f"DEADLINE_EXCEEDED: no answer within {self.timeout:g}s")
+                return self._failed(late)
             except httpx.HTTPError as exc:
                 return self._failed(f"{type(exc).__name__}: {exc}")
             else:
@@ -124,6 +141,8 @@ class RewardClient:
                     return self._read(answer)
                 wait = _retry_after(answer.headers.get("retry-after"), tries)
                 reason = f"HTTP {answer.status_code}: {_error(answer)}"
+            finally:
+                self._semaphore.release()
             wait = min(wait, self.max_retry_wait)
             if time.monotonic() + wait >= deadline:
                 return self._failed(f"{reason} (gave up after {tries} tries)")
@@ -139,12 +158,14 @@ class RewardClient:
             metrics = {k: float(v) for k, v in (reward.get("reward_metrics") or {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             return self._failed("the answer is not a reward output")
-        if not math.isfinite(score):
-            return self._failed(f"reward_score is {score}")
+        if not math.isfinite(score) or not all(map(math.isfinite, metrics.values())):
+            return self._failed("the answer holds a non-finite number")
         self._metric_names.update(dict.fromkeys(metrics))
-        if data.get("status") == "failed":  # the function said so itself: keep its score
+        metrics = {**dict.fromkeys(self._metric_names, 0.0), **metrics}
+        if data.get("status") == "failed":  # the function said so itself: failed is 0.0
             reason = f"{data.get('error_code') or 'FAILED'}: {data.get('error')}"
-            return RewardResult(score, metrics, True, reason)
+            log.warning("reward call to %s failed, scoring 0.0: %s", self.url, reason)
+            return RewardResult(0.0, metrics, True, reason)
         return RewardResult(score, metrics)
 
     def _failed(self, reason: str) -> RewardResult:
@@ -170,6 +191,12 @@ class RewardClient:
     ) -> RewardResult:
         """Score from any event loop: the call runs on the background loop."""
         return await asyncio.wrap_future(self.submit(messages, ground_truth, **kw))
+
+
+def _plain(value: Any) -> Any:
+    """What orjson cannot encode: torch tensors as lists, anything else as its text."""
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) else str(value)
 
 
 def _error(answer: httpx.Response) -> str:

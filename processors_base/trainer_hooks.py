@@ -5,29 +5,44 @@
   ``custom_reward_function.reward_kwargs.url`` or ``$AGENTIC_RL_REWARD_URL``.
 - TRL: ``reward_funcs=[trl_reward_func(url)]`` for GRPOTrainer (and the other trainers
   taking ``reward_funcs``).
-- AReaL: ``reward_fn=areal_reward_fn`` (URL from ``$AGENTIC_RL_REWARD_URL``; AReaL runs
-  reward functions in a process pool, so this is a plain module-level function).
+- AReaL: ``reward_fn=areal_reward_fn`` (URL from ``$AGENTIC_RL_REWARD_URL``, deadline from
+  ``$AGENTIC_RL_REWARD_TIMEOUT``, 10 s: below the 15 s AReaL's ``AsyncRewardWrapper`` waits),
+  or ``reward_fn=AReaLReward(url, timeout=...)``. AReaL runs reward functions in a process
+  pool, so both pickle.
 
-Every hook scores a failed call 0.0 (TRL: ``failed_value``) and logs the reason; none of
-them raises, so a reward outage degrades the run instead of ending it.
+Every hook scores a failed call 0.0 (TRL: ``failed_value``), whatever score the function
+gave a result it marked failed, and logs the reason; none of them raises, so a reward
+outage degrades the run instead of ending it. Dataset values go through orjson: NaN and
+Infinity become null, numpy values plain numbers.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
+
 from processors_base.client import RewardResult, shared_client
 
-__all__ = ["areal_reward_fn", "trl_reward_func", "verl_compute_score", "verl_compute_score_sync"]
+__all__ = [
+    "AReaLReward",
+    "areal_reward_fn",
+    "trl_reward_func",
+    "verl_compute_score",
+    "verl_compute_score_sync",
+]
 
 log = logging.getLogger("processors_base.trainer_hooks")
 
 # Dataset columns taken as the ground truth, first found first.
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution", "expected_answer", "label")
 _CLIENT_OPTIONS = ("concurrency", "timeout", "max_retry_wait", "headers")
+TIMEOUT_ENV = "AGENTIC_RL_REWARD_TIMEOUT"
+# AReaL's AsyncRewardWrapper gives a reward 15 s: ours must answer 0.0 before that
+AREAL_TIMEOUT = 10.0
 
 
 # --- verl --------------------------------------------------------------------------------
@@ -119,6 +134,39 @@ def trl_reward_func(
 # --- AReaL -------------------------------------------------------------------------------
 
 
+class AReaLReward:
+    """AReaL's ``reward_fn``: the served function's score of one completion (0.0 if failed).
+
+    ``url`` defaults to ``$AGENTIC_RL_REWARD_URL``; ``timeout`` (seconds, over queueing,
+    retries and the call) to ``$AGENTIC_RL_REWARD_TIMEOUT``, else 10 s, below the 15 s of
+    AReaL's ``AsyncRewardWrapper`` so that the 0.0 arrives before AReaL gives up. A plain
+    object: it pickles into AReaL's process pool.
+    """
+
+    def __init__(self, url: str | None = None, *, timeout: float | None = None) -> None:
+        self.url = url
+        self.timeout = timeout
+
+    def __call__(
+        self,
+        prompt: Any,
+        completions: Any,
+        prompt_ids: Any = None,
+        completion_ids: Any = None,
+        **kwargs: Any,
+    ) -> float:
+        timeout = self.timeout
+        if timeout is None:
+            timeout = float(os.environ.get(TIMEOUT_ENV) or AREAL_TIMEOUT)
+        column = next((c for c in GROUND_TRUTH_COLUMNS if c in kwargs), None)
+        messages = _messages(prompt, "user") + _messages(completions, "assistant")
+        truth = _jsonable(kwargs[column]) if column else None
+        others = {k: _jsonable(v) for k, v in kwargs.items() if k != column}
+        extra = {"trainer": "areal", **others}
+        result = shared_client(self.url).score_sync(messages, truth, extra=extra, timeout=timeout)
+        return result.score
+
+
 def areal_reward_fn(
     prompt: Any,
     completions: Any,
@@ -126,13 +174,8 @@ def areal_reward_fn(
     completion_ids: Any = None,
     **kwargs: Any,
 ) -> float:
-    """AReaL's ``reward_fn``: the served function's score of one completion (0.0 if failed)."""
-    column = next((c for c in GROUND_TRUTH_COLUMNS if c in kwargs), None)
-    messages = _messages(prompt, "user") + _messages(completions, "assistant")
-    truth = _jsonable(kwargs[column]) if column else None
-    others = {k: _jsonable(v) for k, v in kwargs.items() if k != column}
-    result = shared_client().score_sync(messages, truth, extra={"trainer": "areal", **others})
-    return result.score
+    """AReaL's ``reward_fn`` with the URL and deadline from the environment."""
+    return AReaLReward()(prompt, completions, prompt_ids, completion_ids, **kwargs)
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -149,8 +192,15 @@ def _messages(value: Any, role: str) -> list[dict[str, Any]]:
 
 
 def _jsonable(value: Any) -> Any:
-    """Plain JSON values: numpy scalars and arrays as numbers and lists, the rest as text."""
-    return json.loads(json.dumps(value, default=_plain))
+    """Plain JSON values: numpy scalars and arrays as numbers and lists, NaN and Infinity
+    as null (JSON has neither), the rest as text."""
+    try:
+        return orjson.loads(orjson.dumps(value, default=_plain, option=_ORJSON_OPTIONS))
+    except TypeError:  # too deep, an int past 64 bits...: its text rather than an exception
+        return str(value)
+
+
+_ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def _plain(value: Any) -> Any:

@@ -488,13 +488,17 @@ class FunctionApp:
                 return errors.OVERLOADED, "all processing slots and the queue are taken"
         return None
 
-    async def run_admitted(self, scope: dict[str, Any], input_data: Any) -> Any:
+    async def run_admitted(
+        self, scope: dict[str, Any], input_data: Any, interrupt: _Interrupt
+    ) -> Any:
         """Run one admitted input in a slot, traced like /api/v1; what process() returned.
 
-        The caller bounds it with its deadline; cancelling it frees the slot (and, with
-        --isolation process, kills the child running it).
+        ``interrupt`` (made in the calling task) bounds it as it bounds /api/v1: cancelled
+        at its deadline and again until it ends, answered at once through its ``send``,
+        and counted as stuck (slot and place given back) when it will not end.
         """
         await self.admission.acquire_slot()
+        interrupt.in_slot = True
         try:
             if self.tracing is None:
                 return await self.function.call(input_data)
@@ -503,7 +507,7 @@ class FunctionApp:
                 record_output(span, result)
                 return result
         finally:
-            self.admission.release_slot()
+            interrupt.release_slot()
 
     # --- everything else -------------------------------------------------------------
 
@@ -559,7 +563,14 @@ class _Interrupt:
     RECANCEL = 0.05  # seconds between cancellations of a task that ignores them
     STUCK_AFTER = 1.0  # seconds a cancelled task may take to end before it counts as stuck
 
-    def __init__(self, app: FunctionApp, send: Any, scope: dict[str, Any], started: float) -> None:
+    def __init__(
+        self,
+        app: FunctionApp,
+        send: Any,
+        scope: dict[str, Any],
+        started: float,
+        timeout: float | None = None,  # seconds; None: --timeout
+    ) -> None:
         self._loop = loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
         self._app = app
@@ -572,7 +583,9 @@ class _Interrupt:
         self.late: tuple[int, str, str] | None = None
         app._live.add(self)
         self.responded = self.in_slot = self.abandoned = False
-        self._deadline = loop.call_later(app._timeout, self.fire, "deadline")
+        self._deadline = loop.call_later(
+            app._timeout if timeout is None else timeout, self.fire, "deadline"
+        )
         self._recancel: asyncio.TimerHandle | None = None
         self._watch_timer: asyncio.TimerHandle | None = None
         self._watcher: asyncio.Task[None] | None = None

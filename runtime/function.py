@@ -193,22 +193,32 @@ class Function:
         return result
 
     def serialise(self, result: Any) -> bytes:
-        output_model = self.output_model
-        if not isinstance(result, output_model):
-            result = self._coerce(result)
-        found = self._non_finite(result)
-        if found is not None:
-            raise ProcessorFailure(
-                errors.INVALID_OUTPUT,
-                f"process() returned a non-finite number in {found[0]} ({found[1]}): "
-                "JSON has no NaN or Infinity",
-            )
+        result = self.validated(result)
         try:
             return result.__pydantic_serializer__.to_json(result)
         except Exception as exc:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT, f"output of process() is not serialisable: {exc}"
             ) from exc
+
+    def validated(self, result: Any) -> BaseModel:
+        """What process() returned as the output model, checked for NaN and Infinity
+        (the trainer protocols read it without serialising); else INVALID_OUTPUT."""
+        if not isinstance(result, self.output_model):
+            result = self._coerce(result)
+        try:
+            found = self._non_finite(result)
+        except (AttributeError, TypeError) as exc:  # model_construct() with fields missing
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT, f"output of process() is malformed: {exc}"
+            ) from exc
+        if found is not None:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT,
+                f"process() returned a non-finite number in {found[0]} ({found[1]}): "
+                "JSON has no NaN or Infinity",
+            )
+        return result
 
     def _coerce(self, result: Any) -> BaseModel:
         name = self.output_model.__name__

@@ -9,20 +9,23 @@ the app's own admission, slots, deadline, isolation and tracing (``FunctionApp.a
   samples run concurrently), ``{"rewards": [...], "scores": [...], "extra_logs": {...}}`` out.
 - slime (``--rm-type remote_rm``): ``POST {prefix}/slime/reward``,
   ``{"prompt", "response", "label"}`` in; a bare float out, or with ``?reward_key=NAME`` in
-  the URL a dict ``{NAME: reward, <metrics>..., "failed": bool}`` for slime's ``--reward-key``.
-- NeMo Gym resources server: ``POST {prefix}/nemo-gym/seed_session`` and
-  ``POST {prefix}/nemo-gym/verify``; verify answers the row it got with ``reward`` and
-  ``reward_components`` added.
+  the URL a dict ``{NAME: reward, <metrics>..., "reward_failed": bool}`` for slime's
+  ``--reward-key``.
+- NeMo Gym resources server: ``POST /seed_session`` and ``POST /verify`` at the root, where
+  Gym's client posts (also as ``{prefix}/nemo-gym/...``); verify answers the row it got
+  with ``reward`` and ``reward_components`` added.
 
 The trainers retry a failed call a few times and then crash a run of days, so by default a
 processor that raises or passes its deadline answers reward 0.0 with HTTP 200 and a mark
-(``extra_logs["reward_failed"]``, ``failed``, ``reward_components["reward_failed"]``,
+(``extra_logs["reward_failed"]``, slime's ``reward_failed``, Gym's ``reward_components``,
 Gym's ``failure_reason``); it is logged and counted in ``/metrics``. ``--trainer-errors
 error`` answers 500/504 instead. A full queue is still a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import math
 import os
@@ -30,7 +33,6 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import orjson
 from prometheus_client import Counter
 from pydantic import ValidationError
@@ -38,8 +40,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from processors_base.rewards import registry_of
 from runtime import errors
-from runtime.app import _ClientGone
+from runtime.app import _ClientGone, _Interrupt
 from runtime.function import ProcessorFailure, RequestError
 
 if TYPE_CHECKING:
@@ -56,6 +59,9 @@ PROTOCOL_PATHS = {
     "nemo-gym": ("/nemo-gym/seed_session", "/nemo-gym/verify"),
 }
 FAILED_MARK = "reward_failed"
+MISMATCH_MARK = "prompt_mismatch"  # OpenRLHF: the prompt was not found in the query
+_RESERVED = frozenset((FAILED_MARK, MISMATCH_MARK))  # never taken from a processor's metrics
+_START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not started
 _RETRY_AFTER = {"Retry-After": "1"}
 
 
@@ -94,10 +100,13 @@ class TrainerRoutes:
         self._fail_open = settings.trainer_errors == "reward"
         self._deadline = min(settings.timeout, settings.trainer_timeout)
         self._ground_truth_field = settings.ground_truth_field
+        self._end_tokens = tuple(t for t in settings.trainer_end_tokens.split(",") if t)
         self._is_reward = app.function.func_type.value == "reward"
-        # Metric names seen so far: a failed sample reports them as 0.0, so every answer
-        # has the same keys (OpenRLHF and verl stack them across samples).
-        self._metric_names: dict[str, None] = {}
+        # Metric names: a sample reports every name known so far (0.0 where it has none), so
+        # the answers keep one key set (OpenRLHF and verl stack them across samples).
+        # Decorated rewards name theirs up front: the sub-rewards and their ".failed".
+        self._metric_names: dict[str, None] = dict.fromkeys(_declared_metrics(app))
+        self._mismatch_logged = False
         owned = None if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else app.metrics.registry
         self._requests = Counter(
             "rl_function_trainer_requests",
@@ -112,18 +121,27 @@ class TrainerRoutes:
             ["protocol", "error_code"],
             registry=owned,
         )
+        self._mismatches = Counter(
+            "rl_function_trainer_prompt_mismatches",
+            "OpenRLHF samples whose prompt was not found in the query (scored as the whole "
+            "query, marked prompt_mismatch).",
+            registry=owned,
+        )
         prefix = settings.trainer_prefix
         self.routes = [
             Route(prefix + "/openrlhf/get_reward", self._openrlhf, methods=["POST"]),
             Route(prefix + "/slime/reward", self._slime, methods=["POST"]),
             Route(prefix + "/nemo-gym/seed_session", self._gym_seed, methods=["POST"]),
             Route(prefix + "/nemo-gym/verify", self._gym_verify, methods=["POST"]),
+            # NeMo Gym's client posts to http://HOST:PORT/verify: no prefix can be configured
+            Route("/seed_session", self._gym_seed, methods=["POST"]),
+            Route("/verify", self._gym_verify, methods=["POST"]),
         ]
 
     # --- the protocols -------------------------------------------------------------
 
     async def _openrlhf(self, request: Request) -> Response:
-        async def handle(body: Any, admitted: int) -> Any:
+        async def handle(body: Any) -> Any:
             queries = body.get("query")
             if isinstance(queries, str):  # a hand-written single request
                 queries = [queries]
@@ -131,14 +149,19 @@ class TrainerRoutes:
                 raise _Reject(422, errors.INVALID_INPUT, "query must be a non-empty list")
             prompts = _column(body, "prompts", len(queries))
             labels = _column(body, "labels", len(queries))
-            inputs = []
+            inputs, mismatched = [], []
             for query, prompt, label in zip(queries, prompts, labels, strict=True):
                 if not isinstance(query, str) or not isinstance(prompt, (str, type(None))):
                     raise _Reject(422, errors.INVALID_INPUT, "query and prompts hold strings")
-                messages = [*_prompt_messages(prompt), _assistant(_strip_prompt(query, prompt))]
+                response, found = _split_query(query, prompt)
+                if not found:
+                    self._prompt_mismatch(request)
+                response = _strip_end_tokens(response, self._end_tokens)
+                messages = [*_prompt_messages(prompt), _assistant(response)]
                 extra = {"trainer": "openrlhf", "query": query}
                 inputs.append(self._input(messages, label, extra))
-            scored = await self._score(request, "openrlhf", inputs, admitted)
+                mismatched.append(0.0 if found else 1.0)
+            scored = await self._score(request, "openrlhf", inputs)
             names = self._names(scored)
             return {
                 "rewards": [s.reward for s in scored],
@@ -146,6 +169,7 @@ class TrainerRoutes:
                 "extra_logs": {
                     **{name: [s.metrics.get(name, 0.0) for s in scored] for name in names},
                     FAILED_MARK: [1.0 if s.failed else 0.0 for s in scored],
+                    MISMATCH_MARK: mismatched,
                 },
             }
 
@@ -154,7 +178,14 @@ class TrainerRoutes:
     async def _slime(self, request: Request) -> Response:
         reward_key = request.query_params.get("reward_key")
 
-        async def handle(body: Any, admitted: int) -> Any:
+        async def handle(body: Any) -> Any:
+            if reward_key == FAILED_MARK:
+                raise _Reject(
+                    422,
+                    errors.INVALID_INPUT,
+                    f"reward_key {FAILED_MARK!r} is reserved (the failure flag); name the "
+                    "reward otherwise",
+                )
             prompt, response = body.get("prompt"), body.get("response")
             if not isinstance(response, str):
                 raise _Reject(422, errors.INVALID_INPUT, "response must be a string")
@@ -163,24 +194,24 @@ class TrainerRoutes:
             messages = [*_prompt_messages(prompt), _assistant(response)]
             extra = {"trainer": "slime"}
             (scored,) = await self._score(
-                request, "slime", [self._input(messages, body.get("label"), extra)], admitted
+                request, "slime", [self._input(messages, body.get("label"), extra)]
             )
             if not reward_key:
                 return scored.reward  # slime without --reward-key reads a number
             metrics = {name: scored.metrics.get(name, 0.0) for name in self._names([scored])}
-            return {**metrics, reward_key: scored.reward, "failed": scored.failed}
+            return {**metrics, reward_key: scored.reward, FAILED_MARK: scored.failed}
 
         return await self._serve(request, "slime", handle)
 
     async def _gym_seed(self, request: Request) -> Response:
         # Sessions carry no state here: a reward function scores what /verify sends.
-        async def handle(body: Any, admitted: int) -> Any:
+        async def handle(body: Any) -> Any:
             return {}
 
         return await self._serve(request, "nemo-gym", handle, score=False)
 
     async def _gym_verify(self, request: Request) -> Response:
-        async def handle(body: Any, admitted: int) -> Any:
+        async def handle(body: Any) -> Any:
             params, response = body.get("responses_create_params"), body.get("response")
             if not isinstance(params, dict) or not isinstance(response, dict):
                 raise _Reject(
@@ -197,7 +228,7 @@ class TrainerRoutes:
             extra = {"trainer": "nemo-gym", "tools": params.get("tools"), "row": columns}
             ground_truth = body.get(self._ground_truth_field)
             (scored,) = await self._score(
-                request, "nemo-gym", [self._input(messages, ground_truth, extra)], admitted
+                request, "nemo-gym", [self._input(messages, ground_truth, extra)]
             )
             components = {name: scored.metrics.get(name, 0.0) for name in self._names([scored])}
             answer = {**body, "reward": scored.reward}
@@ -217,27 +248,29 @@ class TrainerRoutes:
         self, request: Request, protocol: str, handle: Any, score: bool = True
     ) -> Response:
         started = perf_counter()
-        status, admitted = 200, 0
+        status, held = 200, 0
+        app = self.app
         try:
             if score and not self._is_reward:
                 raise _Reject(
                     404,
                     errors.NOT_FOUND,
                     f"the trainer protocols serve reward processors; this function is a "
-                    f"{self.app.function.func_type.value}",
+                    f"{app.function.func_type.value}",
                 )
-            refusal = self.app.admit()
+            # as /api/v1: not ready, draining or full is answered before reading a body
+            refusal = app.admit()
             if refusal is not None:
                 if refusal[0] == errors.OVERLOADED:
-                    self.app.metrics.rejected.inc()
+                    app.metrics.rejected.inc()
                 raise _Reject(503, *refusal)
-            admitted = 1
-            try:
-                raw = await self.app._read_body(request.scope, request.receive)
+            app.admission.leave()  # each sample takes its place once the body is in
+            try:  # within --body-timeout, --max-body and --max-buffered, as /api/v1
+                raw = await app._read_body(request.scope, request.receive)
             except RequestError as exc:
                 raise _Reject(exc.status, exc.code, str(exc)) from None
-            body = _parse(raw)
-            answer = await handle(body, admitted)
+            held = len(raw)  # held in the body budget until the answer is out
+            answer = await handle(_parse(raw))
             return Response(orjson.dumps(answer), 200, media_type="application/json")
         except _Reject as exc:
             status = exc.status
@@ -251,8 +284,7 @@ class TrainerRoutes:
             body = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
             return Response(body, 500, media_type="application/json")
         finally:
-            if admitted:
-                self.app.admission.leave()
+            app.admission.release_body(held)
             self._requests.labels(protocol, str(status)).inc()
             elapsed = perf_counter() - started
             if status != 200 and status != 499:
@@ -271,63 +303,151 @@ class TrainerRoutes:
                 422, errors.INVALID_INPUT, f"cannot build the reward input: {exc}"
             ) from None
 
-    async def _score(
-        self, request: Request, protocol: str, inputs: list[Any], admitted: int
-    ) -> list[Scored]:
-        """Run every input through its own admission and slot, concurrently, in the deadline."""
-        more = len(inputs) - admitted
-        if more > 0:
-            refusal = self.app.admit(more)
-            if refusal is not None:
-                if refusal[0] == errors.OVERLOADED:
-                    self.app.metrics.rejected.inc()
-                raise _Reject(503, *refusal)
+    async def _score(self, request: Request, protocol: str, inputs: list[Any]) -> list[Scored]:
+        """Score every input, concurrently, within one deadline.
+
+        Each sample takes a place in the queue, as a /api/v1 request would. A batch larger
+        than the free places runs in chunks: a sample that ends hands its place to the next
+        one. The deadline is /api/v1's machinery (``runtime.app._Interrupt``): at the
+        deadline a sample is answered at once, whatever its task does, and cancelled again
+        until it ends; one that will not end is counted as stuck and gives its place back.
+        """
+        app = self.app
+        refusal = app.admit()
+        if refusal is not None:
+            if refusal[0] == errors.OVERLOADED:
+                app.metrics.rejected.inc()
+            raise _Reject(503, *refusal)
+        places = 1
+        while places < len(inputs) and app.admission.try_admit():
+            places += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline
+        results: list[Scored | None] = [None] * len(inputs)
+        waiting = collections.deque(range(len(inputs)))
+        running: dict[asyncio.Future[Scored], _Sample] = {}
         try:
-            results: list[Scored] = [Scored(0.0)] * len(inputs)
-            deadline = anyio.current_time() + self._deadline
-
-            async def one(index: int) -> None:
-                results[index] = await self._one(request.scope, inputs[index], deadline)
-
-            async with anyio.create_task_group() as group:
-                for index in range(len(inputs)):
-                    group.start_soon(one, index)
+            while True:
+                while places and waiting:
+                    index = waiting.popleft()
+                    left = deadline - loop.time()
+                    if left < _START_MARGIN or app.state != "healthy":
+                        results[index] = self._late("deadline" if left < _START_MARGIN else "")
+                        continue
+                    places -= 1
+                    sample = _Sample()
+                    answered: asyncio.Future[Scored] = loop.create_future()
+                    sample.task = loop.create_task(
+                        self._run(request.scope, inputs[index], left, answered, sample)
+                    )
+                    sample.index = index
+                    running[answered] = sample
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for answered in done:
+                    sample = running.pop(answered)
+                    results[sample.index] = answered.result()
+                    if sample.task.done():
+                        places += 1  # the place passes to the next sample
+                    else:  # answered late, still ending: its task or the deadline frees it
+                        sample.orphaned = True
+        except BaseException:  # our request was cancelled: so are its samples
+            for sample in running.values():
+                if sample.interrupt is None:  # not started: cancelled before it holds anything
+                    sample.task.cancel()
+                    places += 1
+                elif sample.task.done():
+                    places += 1
+                else:
+                    sample.orphaned = True
+                    sample.interrupt.fire("disconnect")
+            raise
         finally:
-            for _ in range(max(more, 0)):
-                self.app.admission.leave()
-        for scored in results:
-            if scored.failed:
-                self._failed(request, protocol, scored)
-        return results
+            for _ in range(places):
+                app.admission.leave()
+        for index in waiting:  # no place came free in time
+            results[index] = self._late("deadline")
+        scored = [s if s is not None else self._late("deadline") for s in results]
+        for one in scored:
+            if one.failed:
+                self._failed(request, protocol, one)
+        return scored
 
-    async def _one(self, scope: dict[str, Any], input_data: Any, deadline: float) -> Scored:
-        function = self.app.function
+    async def _run(
+        self,
+        scope: dict[str, Any],
+        input_data: Any,
+        timeout: float,
+        answered: asyncio.Future[Scored],
+        sample: _Sample,
+    ) -> None:
+        """One sample in its own task, under an ``_Interrupt`` as a /api/v1 request is."""
+        app = self.app
+
+        async def late_answer(message: dict[str, Any]) -> None:
+            # _Interrupt's responder answers here at the deadline (or at a stop past --grace)
+            if message["type"] == "http.response.start" and not answered.done():
+                late = interrupt.late
+                answered.set_result(self._late("deadline" if late and late[0] == 504 else ""))
+
+        interrupt = _Interrupt(app, late_answer, scope, perf_counter(), timeout)
+        interrupt.input_data = input_data
+        sample.interrupt = interrupt
+        scored = Scored(0.0, code=errors.INTERNAL_ERROR, message="internal error of the runtime")
         try:
-            with anyio.fail_after(deadline - anyio.current_time()):
-                result = await self.app.run_admitted(scope, input_data)
-            output = (
-                result if isinstance(result, function.output_model) else function._coerce(result)
-            )
-        except TimeoutError:
+            try:
+                result = await app.run_admitted(scope, input_data, interrupt)
+                interrupt.close()
+                scored = self._scored(result)
+            except asyncio.CancelledError:
+                if not interrupt.reason:
+                    raise
+                interrupt.absorb()
+            except ProcessorFailure as exc:
+                scored = Scored(0.0, code=exc.code, message=str(exc))
+            except Exception:
+                logging.getLogger("runtime").exception("internal error while scoring a sample")
+            if interrupt.reason:
+                scored = self._late("deadline" if interrupt.reason == "deadline" else "")
+        finally:
+            interrupt.close()
+            if interrupt.abandoned:  # the deadline's responder ended it and freed its place
+                app._stuck_task_ended(interrupt)
+            elif sample.orphaned:  # the request has moved on: the place is ours to free
+                app.admission.leave()
+            if not answered.done():
+                answered.set_result(scored)
+
+    def _late(self, reason: str) -> Scored:
+        if reason == "deadline":
             return Scored(
                 0.0,
                 code=errors.DEADLINE_EXCEEDED,
                 message=f"the reward did not finish within its {self._deadline:g}s deadline "
                 "(--trainer-timeout, --timeout)",
             )
-        except ProcessorFailure as exc:
-            return Scored(0.0, code=exc.code, message=str(exc))
-        reward = output.reward
-        score = float(reward.reward_score)
-        if not math.isfinite(score):
-            return Scored(0.0, code=errors.INVALID_OUTPUT, message=f"reward_score is {score}")
-        metrics = {k: float(v) for k, v in (reward.reward_metrics or {}).items()}
-        for name in metrics:
-            self._metric_names.setdefault(name, None)
-        status = getattr(output.status, "value", output.status)
-        if status == "failed":  # the processor said so itself: keep its score, mark it
+        return Scored(0.0, code=errors.DRAINING, message="the server is stopping")
+
+    def _scored(self, result: Any) -> Scored:
+        """The processor's output as a sample's outcome; /api/v1's output checks apply."""
+        output = self.app.function.validated(result)  # INVALID_OUTPUT as /api/v1 says it
+        try:
+            reward = output.reward
+            score = _number(reward.reward_score, "reward_score")
+            metrics = {
+                str(k): _number(v, f"reward_metrics[{k!r}]")
+                for k, v in (reward.reward_metrics or {}).items()
+            }
+            status = getattr(output.status, "value", output.status)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT, f"output of process() is malformed: {exc}"
+            ) from exc
+        self._metric_names.update(dict.fromkeys(metrics))
+        if status == "failed":  # the processor said so itself: failed is 0.0, and marked
             code = str(output.error_code or errors.PROCESSOR_ERROR)
-            return Scored(score, metrics, code, str(output.error or "the processor failed"))
+            return Scored(0.0, metrics, code, str(output.error or "the processor failed"))
         return Scored(score, metrics)
 
     def _failed(self, request: Request, protocol: str, scored: Scored) -> None:
@@ -336,6 +456,8 @@ class TrainerRoutes:
         if not self._fail_open:
             log.error("POST %s %s: %s", request.url.path, scored.code, message)
             status = 504 if scored.code == errors.DEADLINE_EXCEEDED else 500
+            if scored.code == errors.DRAINING:
+                status = 503
             raise _Reject(status, scored.code, scored.message)
         log.warning(
             "POST %s reward failed, answered %g and marked it: %s: %s",
@@ -345,12 +467,54 @@ class TrainerRoutes:
             message,
         )
 
+    def _prompt_mismatch(self, request: Request) -> None:
+        self._mismatches.inc()
+        if not self._mismatch_logged:  # once: a template mismatch hits every sample
+            self._mismatch_logged = True
+            log.warning(
+                "POST %s: a prompt is not part of its query (a different chat template, or "
+                "special tokens stripped); the whole query is scored as the response, marked "
+                "extra_logs[%r] (logged once, counted in "
+                "rl_function_trainer_prompt_mismatches_total)",
+                request.url.path,
+                MISMATCH_MARK,
+            )
+
     def _names(self, scored: list[Scored]) -> list[str]:
-        names = dict(self._metric_names)
+        names = self._metric_names
         for s in scored:
             names.update(dict.fromkeys(s.metrics))
-        names.pop(FAILED_MARK, None)
-        return list(names)
+        return [name for name in names if name not in _RESERVED]
+
+
+@dataclass(eq=False)
+class _Sample:
+    """One running sample of a request: its task, its interrupt, who frees its place."""
+
+    index: int = 0
+    task: asyncio.Task[None] = None  # type: ignore[assignment]  # set once created
+    interrupt: _Interrupt | None = None
+    orphaned: bool = False  # answered before its task ended: the task frees its place
+
+
+def _declared_metrics(app: FunctionApp) -> list[str]:
+    """Metric names a decorated reward (``@sub_reward``, no ``@aggregate_func``) reports."""
+    try:
+        registry = registry_of(app.function.target.cls)
+    except Exception:  # not one of ours (the SDK's classes): names come as they are seen
+        return []
+    if registry.aggregate is not None:
+        return []
+    names = [sub.name for sub in registry.sub_rewards]
+    return names + [f"{name}.failed" for name in names]
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is {type(value).__name__}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is {value}")
+    return float(value)
 
 
 # --- mapping helpers -------------------------------------------------------------------
@@ -375,14 +539,55 @@ def _column(body: dict[str, Any], name: str, length: int) -> list[Any]:
     return values
 
 
-def _strip_prompt(query: str, prompt: str | None) -> str:
-    """The response: the templated query minus its prompt (special tokens are kept)."""
+def _split_query(query: str, prompt: str | None) -> tuple[str, bool]:
+    """The response: the templated query minus its prompt; and whether the prompt was found.
+
+    OpenRLHF left-truncates a long prompt, so the query may start with the prompt's tail
+    only: the longest tail of the prompt (of at least ``_MIN_OVERLAP`` characters) that the
+    query starts with is taken as the prompt then.
+    """
     if not prompt:
-        return query
+        return query, True
     if query.startswith(prompt):
-        return query[len(prompt) :]
+        return query[len(prompt) :], True
     at = query.find(prompt)  # a BOS token or a system preamble before the prompt
-    return query[at + len(prompt) :] if at >= 0 else query
+    if at >= 0:
+        return query[at + len(prompt) :], True
+    overlap = _overlap(prompt, query)
+    if overlap >= min(len(prompt), _MIN_OVERLAP):
+        return query[overlap:], True
+    return query, False
+
+
+_MIN_OVERLAP = 32  # characters: a shorter shared tail may be chance
+
+
+def _overlap(prompt: str, query: str) -> int:
+    """Length of the longest suffix of ``prompt`` that ``query`` starts with (KMP, linear)."""
+    text: list[str | None] = [*query[: len(prompt)], None, *prompt]
+    border = [0] * len(text)
+    for i in range(1, len(text)):
+        k = border[i - 1]
+        while k and text[i] != text[k]:
+            k = border[k - 1]
+        if text[i] == text[k]:
+            k += 1
+        border[i] = k
+    return border[-1]
+
+
+def _strip_end_tokens(text: str, tokens: tuple[str, ...]) -> str:
+    """The response without its trailing end-of-turn tokens (``--trainer-end-tokens``)."""
+    stripped = True
+    while stripped:
+        stripped = False
+        rest = text.rstrip()
+        for token in tokens:
+            if rest.endswith(token):
+                text = rest[: -len(token)]
+                stripped = True
+                break
+    return text
 
 
 def _prompt_messages(prompt: Any) -> list[dict[str, Any]]:

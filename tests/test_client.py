@@ -14,6 +14,8 @@ from conftest import Server, free_port
 
 from processors_base.client import RewardClient
 from processors_base.trainer_hooks import (
+    AREAL_TIMEOUT,
+    AReaLReward,
     areal_reward_fn,
     trl_reward_func,
     verl_compute_score,
@@ -154,3 +156,86 @@ def test_areal_reward_fn_from_a_process_pool(
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         assert pool.submit(areal_reward_fn, "q", "42", [1], [2], answer="42").result(60) == 1.0
+
+
+# --- what the outside review found ----------------------------------------------------
+
+NAN = float("nan")
+
+
+async def test_non_finite_dataset_values_never_raise(server: Server) -> None:
+    verl = await verl_compute_score(
+        data_source="d",
+        solution_str="42",
+        ground_truth="42",
+        extra_info={"difficulty": NAN, "weights": [1.0, float("inf")]},
+        url=server.url,
+    )
+    assert (verl["score"], verl["reward_failed"]) == (1.0, 0.0)
+    numeric = await verl_compute_score(
+        data_source="d", solution_str="x", ground_truth=NAN, url=server.url
+    )
+    assert numeric["reward_failed"] == 0.0  # scored (as null), not an exception
+    loop = asyncio.get_running_loop()
+    trl = trl_reward_func(server.url)
+    scores = await loop.run_in_executor(
+        None, lambda: trl(prompts=["q"], completions=["42"], answer=["42"], weight=[NAN])
+    )
+    assert scores == [1.0]
+    areal = AReaLReward(server.url)
+    assert await loop.run_in_executor(None, lambda: areal("q", "42", answer="42", w=NAN)) == 1.0
+
+
+async def test_one_deadline_covers_waiting_for_a_slot(server: Server) -> None:
+    hang = [{"role": "assistant", "content": "HANG"}]
+    async with RewardClient(server.url, concurrency=1, timeout=1.5) as client:
+        started = time.monotonic()
+        first, second = await asyncio.gather(client.score(hang), client.score(hang))
+        elapsed = time.monotonic() - started
+    assert first.failed and second.failed
+    assert second.reason is not None and second.reason.startswith("DEADLINE_EXCEEDED")
+    assert elapsed < 2.5  # both within the one 1.5 s deadline, not one after the other
+
+
+async def test_failed_status_scores_zero_everywhere(server: Server) -> None:
+    answer = [{"role": "assistant", "content": "FAILEDSCORE"}]
+    async with RewardClient(server.url) as client:
+        result = await client.score(answer)
+    assert (result.score, result.failed) == (0.0, True)
+    assert result.reason is not None and "judge unsure" in result.reason
+    verl = await verl_compute_score(
+        data_source="d", solution_str="FAILEDSCORE", ground_truth="42", url=server.url
+    )
+    assert (verl["score"], verl["reward_failed"]) == (0.0, 1.0)
+    loop = asyncio.get_running_loop()
+    areal = AReaLReward(server.url)
+    assert await loop.run_in_executor(None, lambda: areal("q", "FAILEDSCORE")) == 0.0
+    trl = trl_reward_func(server.url, failed_value=-1.0)
+    assert await loop.run_in_executor(None, lambda: trl(["q"], ["FAILEDSCORE"])) == [-1.0]
+
+
+def test_areal_timeout_from_its_argument_and_the_environment(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert AREAL_TIMEOUT < 15  # AReaL's AsyncRewardWrapper waits 15 s
+    started = time.monotonic()
+    assert AReaLReward(server.url, timeout=0.5)("q", "HANG") == 0.0
+    assert time.monotonic() - started < 2.5  # not the server's 3 s deadline, nor 10 s
+    monkeypatch.setenv("AGENTIC_RL_REWARD_URL", server.url)
+    monkeypatch.setenv("AGENTIC_RL_REWARD_TIMEOUT", "0.5")
+    started = time.monotonic()
+    assert areal_reward_fn("q", "HANG") == 0.0
+    assert time.monotonic() - started < 2.5
+
+
+async def test_every_result_carries_every_metric_name_seen() -> None:
+    server = Server("workspace.trainer_fns:KeysReward")
+    try:
+        server.wait_ready(timeout=60)
+        async with RewardClient(server.url) as client:
+            first = await client.score([{"role": "assistant", "content": "a"}])
+            second = await client.score([{"role": "assistant", "content": "b"}])
+        assert first.metrics == {"a": 1.0}
+        assert second.metrics == {"a": 0.0, "b": 1.0}  # verl stacks keys across samples
+    finally:
+        server.close()

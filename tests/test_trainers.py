@@ -16,8 +16,9 @@ Wire shapes, as read from the trainers' sources:
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -106,6 +107,13 @@ def gym_row(answer: str, expected: str = "42") -> dict[str, Any]:
     }
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 def metric(server: Server, name: str, **labels: str) -> float:
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     line_start = f"{name}{{{wanted}}} " if labels else f"{name} "
@@ -131,6 +139,7 @@ def test_openrlhf_single_sample(server: Server) -> None:
             "answer_chars": [2.0],  # the query minus its prompt
             "has_tools": [0.0],
             "reward_failed": [0.0],
+            "prompt_mismatch": [0.0],
         },
     }
 
@@ -216,11 +225,11 @@ def test_slime_with_reward_key_answers_a_dict(server: Server) -> None:
     assert answer.status_code == 200
     body = answer.json()
     assert body["reward"] == 1.0  # what slime's get_reward_value picks with --reward-key reward
-    assert body["failed"] is False
+    assert body["reward_failed"] is False
     assert body["messages"] == 3.0  # the prompt's messages and the response
     failed = slime(server, messages, "RAISE", "42", reward_key="reward").json()
     assert failed["reward"] == 0.0
-    assert failed["failed"] is True
+    assert failed["reward_failed"] is True
     assert failed["messages"] == 0.0  # same keys as a success
     assert slime(server, None, "x", None).status_code == 200  # a null label is allowed
     assert (
@@ -285,15 +294,23 @@ def test_trainer_errors_error_restores_http_errors(strict: Server) -> None:
     )
 
 
-def test_full_queue_answers_503_with_retry_after() -> None:
-    for server in _started("--concurrency", "1", "--queue", "1"):
-        # each sample of a batch takes its own place: three do not fit in two
-        answer = openrlhf(server, [PROMPT + "42"] * 3, [PROMPT] * 3, ["42"] * 3)
-        assert answer.status_code == 503
-        assert answer.headers["retry-after"] == "1"
-        assert answer.json()["error_code"] == "OVERLOADED"
-        fits = openrlhf(server, [PROMPT + "42"] * 2, [PROMPT] * 2, ["42"] * 2)
-        assert fits.json()["rewards"] == [1.0, 1.0]
+def test_batch_larger_than_the_queue_runs_in_chunks() -> None:
+    for server in _started("--concurrency", "1", "--queue", "1", "--trainer-timeout", "20"):
+        # five samples, two places: they run two at a time, each handing its place on
+        answer = openrlhf(server, [PROMPT + "42"] * 5, [PROMPT] * 5, ["42"] * 5)
+        assert answer.status_code == 200
+        assert answer.json()["rewards"] == [1.0] * 5
+        assert metric(server, "rl_function_rejected_total") == 0.0
+        # while both places are taken, a batch is answered 503 at once
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            hung = [pool.submit(slime, server, "q", "STUBBORN 4", "42") for _ in range(2)]
+            wait_for(lambda s=server: metric(s, "rl_function_requests_in_flight") >= 1)
+            wait_for(lambda s=server: metric(s, "rl_function_requests_queued") >= 1)
+            full = openrlhf(server, [PROMPT + "42"] * 3, [PROMPT] * 3, ["42"] * 3)
+            assert full.status_code == 503
+            assert full.headers["retry-after"] == "1"
+            assert full.json()["error_code"] == "OVERLOADED"
+            assert [f.result().json() for f in hung] == [0.0, 0.0]
         assert metric(server, "rl_function_rejected_total") == 1.0
 
 
@@ -304,7 +321,7 @@ def test_prefix_and_process_isolation_kill_a_hung_sync_reward() -> None:
         assert server.client.post("/slime/reward", json={}).status_code == 404
         payload = {"prompt": "q", "response": "HANG", "label": None}
         late = server.client.post("/trainers/slime/reward?reward_key=r", json=payload, timeout=60)
-        assert late.json() == {"r": 0.0, "failed": True}
+        assert late.json() == {"r": 0.0, "reward_failed": True}
         assert "isolation process was killed and replaced" in server.output()
         payload["response"] = "fine"
         ok = server.client.post("/trainers/slime/reward", json=payload, timeout=60)
@@ -327,3 +344,114 @@ def test_trainer_settings_are_validated() -> None:
         server.close()
     with pytest.raises(httpx.TransportError):
         httpx.get(server.url + "/health", timeout=1)
+
+
+# --- what the outside review found ----------------------------------------------------
+
+
+def test_gym_routes_at_the_root_where_gym_posts(server: Server) -> None:
+    # NeMo Gym's client posts to http://HOST:PORT/verify: no path prefix can be configured
+    assert server.client.post("/seed_session", json={}).json() == {}
+    answer = server.client.post("/verify", json=gym_row("42"))
+    assert answer.status_code == 200
+    assert answer.json()["reward"] == 1.0
+    assert answer.json()["reward_components"]["reward_failed"] == 0.0
+
+
+def test_a_reward_that_swallows_cancellation_is_answered_at_the_deadline() -> None:
+    for server in _started("--trainer-timeout", "2"):
+        started = time.monotonic()
+        answer = openrlhf(server, [PROMPT + "STUBBORN 8", PROMPT + "42"], [PROMPT] * 2, [42] * 2)
+        elapsed = time.monotonic() - started
+        assert answer.status_code == 200
+        assert answer.json()["rewards"] == [0.0, 1.0]
+        assert answer.json()["extra_logs"]["reward_failed"] == [1.0, 0.0]
+        assert elapsed < 5  # at the 2 s deadline, not when the task gives up at 8 s
+        # it keeps being cancelled, is counted as stuck, and its place is given back
+        wait_for(lambda s=server: metric(s, "rl_function_stuck_sync_calls") == 1.0)
+        assert "ignores its cancellation" in server.output()
+        fine = slime(server, "q", "42", "42")
+        assert fine.json() == 1.0
+        wait_for(lambda s=server: metric(s, "rl_function_stuck_sync_calls") == 0.0)
+
+
+def test_non_finite_odd_and_self_failed_outputs_are_failed_samples(server: Server) -> None:
+    answers = ["42", "NAN", "NONE", "TEXT", "FAILEDSCORE"]
+    answer = openrlhf(server, [PROMPT + a for a in answers], [PROMPT] * 5, ["42"] * 5)
+    assert answer.status_code == 200  # one odd output does not sink the batch
+    body = answer.json()
+    assert body["rewards"] == [1.0, 0.0, 0.0, 0.0, 0.0]  # failed is 0.0, whatever its score
+    assert body["extra_logs"]["reward_failed"] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert "m" not in body["extra_logs"]  # the NaN metric never reaches the trainer as null
+    gym = server.client.post("/verify", json=gym_row("NAN")).json()
+    assert gym["reward"] == 0.0
+    assert gym["failure_reason"].startswith("INVALID_OUTPUT")
+    assert None not in gym["reward_components"].values()
+    assert slime(server, "q", "FAILEDSCORE", "42").json() == 0.0
+    invalid = metric(
+        server,
+        "rl_function_trainer_reward_failures_total",
+        protocol="openrlhf",
+        error_code="INVALID_OUTPUT",
+    )
+    assert invalid == 3.0
+
+
+def test_metric_keys_of_a_decorated_reward_are_known_from_the_start() -> None:
+    for server in _started(target="workspace.trainer_fns:JudgedReward"):
+        keys = {"format", "answer", "format.failed", "answer.failed", "reward_failed"}
+        first = slime(server, "q", "42", "42", reward_key="reward").json()
+        assert set(first) == keys - {"reward_failed"} | {"reward", "reward_failed"}
+        assert first["answer.failed"] == 0.0
+        later = openrlhf(server, [PROMPT + "RAISE"], [PROMPT], ["42"]).json()["extra_logs"]
+        assert set(later) == keys | {"prompt_mismatch"}
+        assert later["answer.failed"] == [1.0]
+
+
+def test_metric_keys_are_the_union_within_a_batch_and_kept_after() -> None:
+    for server in _started(target="workspace.trainer_fns:KeysReward"):
+        logs = openrlhf(server, [PROMPT + "a", PROMPT + "b"], [PROMPT] * 2, [None] * 2).json()
+        assert logs["extra_logs"]["a"] == [1.0, 0.0]
+        assert logs["extra_logs"]["b"] == [0.0, 1.0]
+        after = openrlhf(server, [PROMPT + "c"], [PROMPT], [None]).json()["extra_logs"]
+        assert (after["a"], after["b"], after["c"]) == ([0.0], [0.0], [1.0])
+
+
+def test_openrlhf_truncated_prompt_end_tokens_and_mismatch(server: Server) -> None:
+    # the README's example: the end token is not part of the answer
+    ended = openrlhf(server, [PROMPT + "42<|im_end|>"], [PROMPT], ["42"]).json()
+    assert ended["rewards"] == [1.0]
+    assert ended["extra_logs"]["answer_chars"] == [2.0]
+    # OpenRLHF left-truncates a long prompt: the query starts with the prompt's tail
+    long_prompt = "<|im_start|>user\n" + "Think step by step. " * 20 + "6*7?<|im_end|>\n"
+    truncated = long_prompt[40:] + "42<|endoftext|>"
+    answer = openrlhf(server, [truncated], [long_prompt], ["42"]).json()
+    assert answer["rewards"] == [1.0]
+    assert answer["extra_logs"]["prompt_mismatch"] == [0.0]
+    # a prompt that is not in the query: scored as the whole query, marked, counted, logged
+    mismatched = openrlhf(server, ["something else 42"], [long_prompt], ["42"]).json()
+    assert mismatched["extra_logs"]["prompt_mismatch"] == [1.0]
+    assert metric(server, "rl_function_trainer_prompt_mismatches_total") == 1.0
+    assert server.output().count("a prompt is not part of its query") == 1
+    openrlhf(server, ["still else"], [long_prompt], ["42"])
+    assert server.output().count("a prompt is not part of its query") == 1  # logged once
+
+
+def test_slime_reserved_reward_key(server: Server) -> None:
+    refused = slime(server, "q", "42", "42", reward_key="reward_failed")
+    assert refused.status_code == 422
+    assert "reserved" in refused.json()["error"]
+    named_failed = slime(server, "q", "RAISE", "42", reward_key="failed").json()
+    assert named_failed["failed"] == 0.0  # the reward, not the flag
+    assert named_failed["reward_failed"] is True
+
+
+def test_trainer_bodies_share_the_body_limits() -> None:
+    for server in _started("--max-body", "3000", "--max-buffered", "3000"):
+        padding = "x" * 2000
+        for _ in range(4):  # each body is held in the budget until answered, then given back
+            answer = slime(server, padding, "42", "42")
+            assert answer.status_code == 200
+        too_big = server.client.post("/slime/reward", content=b"{" + b" " * 4000 + b"}")
+        assert too_big.status_code == 413
+        assert too_big.json()["error_code"] == "BODY_TOO_LARGE"

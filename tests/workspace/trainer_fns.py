@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
-from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
+from processors_base import (
+    AbstractRewardProcessor,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    TaskStatus,
+    reward_func,
+    sub_reward_func,
+)
 
 
 def _answer(input_data: RewardInput) -> str:
@@ -35,6 +44,14 @@ class MatchReward(AbstractRewardProcessor):
             if self.pairs % 2 == 0:
                 self.paired.set()
             await self.paired.wait()
+        if answer.startswith("STUBBORN"):  # swallows every cancellation for a while
+            end = time.monotonic() + float(answer.split()[-1])
+            while time.monotonic() < end:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.05)
+        odd = _odd_output(answer)
+        if odd is not None:
+            return odd
         messages = input_data.agent_output.messages or []
         extra = input_data.agent_output.rollout_extra or {}
         metrics = {
@@ -68,3 +85,42 @@ class PidReward(AbstractRewardProcessor):
     async def process(self, input_data: RewardInput) -> RewardOutput:
         metrics = {"pid": float(os.getpid()), "setups": float(PidReward.setups)}
         return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics=metrics))
+
+
+def _odd_output(answer: str) -> RewardOutput | None:
+    """Outputs /api/v1 refuses (``NAN``, ``NONE``, ``TEXT``) or that say they failed."""
+    if answer == "NAN":
+        return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics={"m": float("nan")}))
+    if answer == "NONE":
+        return RewardOutput.model_construct(reward=None)
+    if answer == "TEXT":
+        return RewardOutput(reward=Reward.model_construct(reward_score="high"))
+    if answer == "FAILEDSCORE":
+        return RewardOutput(
+            reward=Reward(reward_score=0.9), status=TaskStatus.FAILED, error="judge unsure"
+        )
+    return None
+
+
+class KeysReward(AbstractRewardProcessor):
+    """One metric, named after the answer: every answer brings a new key."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(
+            reward=Reward(reward_score=1.0, reward_metrics={_answer(input_data): 1.0})
+        )
+
+
+@reward_func("judged")
+class JudgedReward(AbstractRewardProcessor):
+    """Two sub-rewards: their names are known before any answer."""
+
+    @sub_reward_func("format", sub_weight=0.5)
+    def format(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+    @sub_reward_func("answer", sub_weight=0.5)
+    def answer(self, input_data: RewardInput) -> RewardOutput:
+        if _answer(input_data) == "RAISE":
+            raise ValueError("the judge broke")
+        return RewardOutput(reward=Reward(reward_score=1.0))
