@@ -67,6 +67,11 @@ def run_manifests(args: argparse.Namespace) -> int:
     if settings.min_replicas > settings.max_replicas:
         print("error: --min-replicas is more than --max-replicas", file=sys.stderr)
         return 2
+    try:
+        _cpu_cores(args.cpu)
+    except SettingsError as exc:
+        print(f"error: invalid setting {exc}", file=sys.stderr)
+        return 2
     documents = build_manifests(
         settings,
         image=args.image,
@@ -201,6 +206,11 @@ def _container(
         if option.dest == "processes" and settings.isolation != "process":
             continue  # the default is this machine's CPU count: not the pod's business
         env.append({"name": option.env[0], "value": _env_value(value)})
+    if settings.isolation == "process" and not settings.processes:
+        # Auto would count the node's CPUs (a pod has no CPU limit here, to spare it CFS
+        # throttling): size the children to the CPUs requested, per worker.
+        processes = max(1, math.floor(_cpu_cores(cpu) / max(1, settings.workers)))
+        env.append({"name": "ISOLATION_PROCESSES", "value": str(processes)})
     if not knative:  # Knative sets PORT itself, to its one declared port
         env.append({"name": "PORT", "value": str(settings.port)})
     port: dict[str, Any] = {"containerPort": settings.port}
@@ -255,6 +265,15 @@ def _env_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity ("2", "1.5", "500m") in cores."""
+    text = quantity.strip()
+    try:
+        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        raise SettingsError(f"--cpu: {quantity!r} is not a CPU quantity") from None
 
 
 def _dns_name(text: str) -> str:

@@ -140,3 +140,32 @@ def test_the_written_environment_configures_the_server() -> None:
         assert "trainer_timeout=42s" in server.output()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "processes"),
+    [
+        (("--cpu", "2"), "2"),  # the CPUs requested, not the node's count
+        (("--cpu", "500m"), "1"),
+        (("--cpu", "4", "--workers", "2"), "2"),  # per worker
+        (("--cpu", "4", "--processes", "3"), "3"),  # given: kept
+    ],
+)
+def test_process_isolation_sizes_its_children_to_the_pod(
+    args: tuple[str, ...], processes: str
+) -> None:
+    (deployment, _, _) = manifests(TARGET, "--image", "x", "--isolation", "process", *args)
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["ISOLATION"] == "process"
+    assert env["ISOLATION_PROCESSES"] == processes
+
+
+def test_process_isolation_environment_serves_with_those_children() -> None:
+    (deployment, _, _) = manifests(TARGET, "--image", "x", "--isolation", "process", "--cpu", "1")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    server = Server("", workspace=SAMPLES, env=env)
+    try:
+        server.wait_ready(timeout=60)
+        assert "isolation=process processes=1 " in server.output()
+    finally:
+        server.close()
