@@ -185,7 +185,8 @@ def _run(args: argparse.Namespace) -> int:
     reporter = Reporter()
     components = [f.component for f in plan.functions]
     try:
-        check_imports(components, reporter)
+        if components:  # an OPD job may have none: the LLM alone is tried
+            check_imports(components, reporter)
     except ComponentError as exc:
         return _error(str(exc), 1)
     weights = {
@@ -208,7 +209,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     try:
         with contextlib.ExitStack() as stack:
-            with reporter.step(f"starting {len(plan.functions)} function(s) from their packages"):
+            starting = f"starting {len(plan.functions)} function(s) from their packages"
+            with reporter.step(starting) if plan.functions else contextlib.nullcontext():
                 served = stack.enter_context(
                     serving.serve_all(plan.functions, out / "logs" if out else None)
                 )

@@ -46,6 +46,28 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
+_TABLE: dict[str, Any] = {
+    "title_justify": "left",
+    "collapse_padding": True,
+    "pad_edge": False,
+}
+
+
+def _print_whole(console: Any, table: Any) -> None:
+    """Never a cropped number: a table wider than the terminal is printed at its own width
+    (the terminal then wraps its lines)."""
+    from rich import box
+
+    table.box = box.SIMPLE_HEAD
+    needed = console.measure(table, options=console.options.update(width=1000)).maximum
+    width = console.width
+    console.width = max(width, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def print_table(summary: dict[str, Any], stream: Any = None) -> None:
     """The summary as tables on stdout (rich; 140 columns when not a terminal)."""
     from rich.console import Console
@@ -53,10 +75,12 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
 
     stream = stream or sys.stdout
     console = Console(file=stream, width=None if stream.isatty() else 140, highlight=False)
-    functions = Table(title="Functions", title_justify="left")
+    functions = Table(title="Functions", **_TABLE)
     for column in ("function", "type", "calls", "failed", "errors", "p50", "p95", "max", "timeout"):
         functions.add_column(
-            column, justify="left" if column in ("function", "type", "errors") else "right"
+            column,
+            justify="left" if column in ("function", "type", "errors") else "right",
+            no_wrap=column != "errors",
         )
     for name, row in summary["functions"].items():
         errors = ", ".join(f"{code} {n}" for code, n in row["errors"].items()) or "-"
@@ -72,10 +96,10 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
             _seconds(row["latency_s"]["max"]),
             f"{row['timeout_s']:g}s",
         )
-    console.print(functions)
+    _print_whole(console, functions)
 
     if summary["rewards"]:
-        rewards = Table(title="Rewards", title_justify="left")
+        rewards = Table(title="Rewards", **_TABLE)
         for column in (
             "reward",
             "weight",
@@ -87,9 +111,11 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
             "=0",
             "=1",
             "distinct",
-            "zero-variance groups",
+            "zero-var groups",
         ):
-            rewards.add_column(column, justify="left" if column == "reward" else "right")
+            rewards.add_column(
+                column, justify="left" if column == "reward" else "right", no_wrap=True
+            )
 
         def add(label: str, weight: Any, stats: dict[str, Any], groups: str) -> None:
             rewards.add_row(
@@ -125,7 +151,7 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
                 total["scores"],
                 f"{total['zero_variance_groups']} of {total['groups']}",
             )
-        console.print(rewards)
+        _print_whole(console, rewards)
 
     done = summary["trajectories"]
     console.print(
