@@ -239,7 +239,7 @@ def test_the_report_renders_in_a_headless_browser(sample_run: Any, tmp_path: Pat
     assert colours is not None and len(colours) > 200
 
 
-def test_fail_on_flags_exits_1(sample_run: Any, tmp_path: Path) -> None:
+def test_fail_on_flags_exits_1(tmp_path: Path) -> None:
     config = job_file(tmp_path, [ROLLOUT, ANSWER, SAFETY])
     with LLMStub(free_port()) as llm:
         done = run_eval(
@@ -268,9 +268,10 @@ def test_a_reward_that_always_raises_stops_the_run_early(tmp_path: Path) -> None
     assert calls["errors"] == {"PROCESSOR_ERROR": calls["calls"]}
 
 
-def test_a_slow_reward_is_flagged(tmp_path: Path) -> None:
+def test_a_slow_reward_and_a_failing_sub_reward_are_flagged(tmp_path: Path) -> None:
     slow = _ours("reward", "slow", "eval_fns:SlowReward", timeout=1)
-    config = job_file(tmp_path, [ROLLOUT, slow])
+    broken = _ours("reward", "half-broken", "eval_fns:BrokenSubReward")
+    config = job_file(tmp_path, [ROLLOUT, slow, broken])
     with LLMStub(free_port()) as llm:
         done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
     assert done.returncode == 0, done.stderr
@@ -278,6 +279,54 @@ def test_a_slow_reward_is_flagged(tmp_path: Path) -> None:
     assert {f["kind"] for f in summary["flags"] if f["function"] == "slow"} >= {"latency"}
     assert summary["functions"]["slow"]["latency_s"]["p95"] >= 0.8
     assert "slow: p95 latency" in done.stdout
+    # the reward itself succeeds (0.5 each time); its judge failed on all 4 calls
+    half = summary["rewards"]["half-broken"]
+    assert half["scores"]["mean"] == 0.5 and summary["functions"]["half-broken"]["failures"] == 0
+    assert half["sub_rewards"]["judge"]["failures"] == 4
+    assert half["sub_rewards"]["format"]["failures"] == 0
+    failing = [f for f in summary["flags"] if f["kind"] == "sub_reward_failing"]
+    assert [(f["function"], "judge" in f["message"]) for f in failing] == [("half-broken", True)]
+
+
+def test_without_the_eval_extra_the_page_is_skipped_and_said_so(tmp_path: Path) -> None:
+    """An OPD job with no function of its own: only the LLM is tried; jinja2 made
+    unimportable, as where the eval extra is not installed."""
+    blocked = tmp_path / "blocked" / "jinja2"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text('raise ImportError("not installed", name="jinja2")\n')
+    config = job_file(tmp_path, [], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "eval",
+                "-c",
+                str(config),
+                "--llm-base-url",
+                llm.base_url,
+                "-n",
+                "2",
+                "-k",
+                "2",
+                "--out",
+                "out",
+            ],
+            cwd=tmp_path,
+            env={**_env(), "PYTHONPATH": str(tmp_path / "blocked")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "report.html not written: it needs jinja2" in done.stderr
+    assert "pip install 'agentic-rl-runtime[eval]'" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "summary.json",
+        "trajectories.jsonl",
+    ]
+    assert len(llm.requests) == 4
 
 
 def test_a_function_is_run_from_its_package(tmp_path: Path) -> None:

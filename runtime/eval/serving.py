@@ -185,7 +185,7 @@ def serve_all(
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)
-        if logs_to is not None:
+        if logs_to is not None and started:
             with contextlib.suppress(OSError):
                 logs_to.mkdir(parents=True, exist_ok=True)
                 for served in started:

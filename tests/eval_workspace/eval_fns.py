@@ -6,7 +6,14 @@ import os
 import time
 from pathlib import Path
 
-from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
+from processors_base import (
+    AbstractRewardProcessor,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    reward_func,
+    sub_reward_func,
+)
 
 
 class AlwaysRaises(AbstractRewardProcessor):
@@ -24,3 +31,16 @@ class SlowReward(AbstractRewardProcessor):
             Path(marker).touch()
         time.sleep(float(os.environ.get("SLOW_SECONDS", "0.9")))
         return RewardOutput(reward=Reward(reward_score=0.5))
+
+
+@reward_func("half-broken")
+class BrokenSubReward(AbstractRewardProcessor):
+    """One sub-reward always raises: under --sub-reward-errors zero it scores 0, silently."""
+
+    @sub_reward_func("format", sub_weight=0.5)
+    def format_ok(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+    @sub_reward_func("judge", sub_weight=0.5)
+    def judge(self, input_data: RewardInput) -> RewardOutput:
+        raise TimeoutError("the judge did not answer")
