@@ -100,7 +100,7 @@ class RequestMetadata(WireModel):
 class AgentOutput(WireModel):
     messages: list[dict[str, Any]] | None = None
     rollout_extra: dict[str, Any] | None = None
-    rollout_metrics: dict[str, float] = Field(default_factory=dict)
+    rollout_metrics: dict[str, float] | None = Field(default_factory=dict)  # null too, as SDK
     reward_score: float | None = None
 
 
@@ -155,7 +155,7 @@ class GroupRewardInput(BaseDataModel):
 
 
 class GroupReward(WireModel):
-    rewards: list[Reward] = Field(default_factory=list)
+    rewards: list[Reward]  # required, as in the SDK
 
 
 class GroupRewardOutput(WireModel):

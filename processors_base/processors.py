@@ -8,7 +8,6 @@ runtime runs async ones on the event loop and sync ones in its bounded thread po
 
 from __future__ import annotations
 
-import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -26,8 +25,7 @@ from processors_base.models import (
     RolloutOutput,
     WireModel,
 )
-from processors_base.reward_meta import RewardProcessorMeta, meta_of
-from processors_base.rewards import registry_of
+from processors_base.reward_meta import RewardMetaAttribute
 
 __all__ = [
     "AbstractGroupRewardProcessor",
@@ -115,35 +113,30 @@ class AbstractRewardProcessor(AbstractProcessor):
         """Runs once on graceful stop; closes ``executor``. Override freely."""
         self.close_executor()
 
-    @functools.cached_property
-    def reward_meta(self) -> RewardProcessorMeta:
-        """The SDK's view of a ``@reward_func`` class (id, sub-rewards, aggregate);
-        absent (AttributeError) on a class that was not decorated, as under the SDK."""
-        meta = meta_of(type(self))
-        if meta is None:
-            raise AttributeError(f"{type(self).__name__} is not a @reward_func processor")
-        return meta
+    reward_meta = RewardMetaAttribute()
 
     def get_weights(self) -> dict[str, float]:
-        """``{sub-reward name: weight}`` for every registered sub-reward."""
-        return {sub.name: sub.weight for sub in registry_of(type(self)).sub_rewards}
+        """``{sub-reward name: weight}``, read from ``reward_meta`` (live, as in the SDK)."""
+        return {name: sf.weight for name, sf in self.reward_meta.sub_functions.items()}
 
     def get_scores(self, sub_rewards: Mapping[str, RewardOutput]) -> dict[str, float]:
         """``{sub-reward name: score}``."""
         return {name: out.reward.reward_score for name, out in sub_rewards.items()}
 
     def get_total(self, sub_rewards: Mapping[str, RewardOutput]) -> float:
-        """The weighted sum of the sub-reward scores."""
-        weights = self.get_weights()
+        """The weighted sum of the sub-reward scores, in the SDK's order and arithmetic
+        (so the float is the same to the last bit), weights read from ``reward_meta``."""
+        functions = self.reward_meta.sub_functions
         total = 0.0
         for name, out in sub_rewards.items():
-            if name not in weights:
-                known = ", ".join(sorted(weights)) or "none"
+            sub = functions.get(name)
+            if sub is None:
+                known = ", ".join(sorted(functions)) or "none"
                 raise ValueError(
                     f"sub-reward {name!r} is not registered on {type(self).__name__} "
                     f"(registered: {known})"
                 )
-            total += weights[name] * out.reward.reward_score
+            total += out.reward.reward_score * sub.weight
         return total
 
     def get_reward_metrics(self, sub_rewards: Mapping[str, RewardOutput]) -> dict[str, float]:

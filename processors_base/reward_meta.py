@@ -9,7 +9,13 @@ from typing import Any
 
 from processors_base.rewards import registry_of
 
-__all__ = ["AggregateFunction", "RewardProcessorMeta", "SubRewardFunction", "meta_of"]
+__all__ = [
+    "AggregateFunction",
+    "RewardMetaAttribute",
+    "RewardProcessorMeta",
+    "SubRewardFunction",
+    "meta_of",
+]
 
 
 class SubRewardFunction:
@@ -59,16 +65,54 @@ class RewardProcessorMeta:
         return self._copy
 
 
-def meta_of(cls: type) -> RewardProcessorMeta | None:
-    """The meta of a ``@reward_func`` class; None for a class that was not decorated."""
+_CLASS_META = "__reward_meta_of_class__"
+
+
+def meta_of(cls: type, instance: Any = None) -> RewardProcessorMeta | None:
+    """The meta of a reward processor class, with its sub-rewards as plain functions;
+    None for a class that was not decorated (as under the SDK, it has none).
+
+    With ``instance``: that instance's own meta, its functions bound to it (so
+    ``run_in_executor(self.executor, sf.func, x)`` works); an undecorated class gets the
+    SDK's ``RewardProcessorMeta("default")`` with whatever sub-rewards it tags."""
     registry = registry_of(cls)
-    if registry.name is None and not registry.sub_rewards:
+    if registry.name is None and instance is None:
         return None
-    meta = RewardProcessorMeta(registry.name or cls.__name__)
+    owner: Any = cls if instance is None else instance
+    meta = RewardProcessorMeta(registry.name if registry.name is not None else "default")
     for sub in registry.sub_rewards:
         meta.sub_functions[sub.name] = SubRewardFunction(
-            sub.name, getattr(cls, sub.attr), sub.weight
+            sub.name, getattr(owner, sub.attr), sub.weight
         )
     if registry.aggregate is not None:
-        meta.aggregate_function = AggregateFunction(getattr(cls, registry.aggregate))
+        meta.aggregate_function = AggregateFunction(getattr(owner, registry.aggregate))
     return meta
+
+
+class RewardMetaAttribute:
+    """``reward_meta`` of a reward processor, as the SDK has it.
+
+    On the class: the class's meta (``Cls.reward_meta.processor_id``); AttributeError on
+    an undecorated class, as under the SDK. On an instance: its own meta, made on first
+    use and then kept in the instance (a plain attribute from there on, so reading it on
+    every request costs a dict lookup, and changing a weight in ``setup()`` counts)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type) -> RewardProcessorMeta:
+        if instance is None:
+            meta = owner.__dict__.get(_CLASS_META)
+            if meta is None:
+                meta = meta_of(owner)
+                if meta is None:
+                    raise AttributeError(
+                        f"{owner.__name__} is not a @reward_func processor: it has no "
+                        "reward_meta (its instances have the SDK's default one)"
+                    )
+                setattr(owner, _CLASS_META, meta)
+            return meta
+        meta = meta_of(owner, instance)
+        assert meta is not None
+        instance.__dict__[self.name] = meta
+        return meta

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
+import inspect
 import logging
 import math
 import threading
@@ -48,6 +50,7 @@ from processors_base.models import Reward, RewardInput, RewardOutput, TaskStatus
 
 __all__ = [
     "SUB_REWARD_ERROR",
+    "InvalidSubRewardOutput",
     "RewardRegistry",
     "SubReward",
     "SubRewardErrors",
@@ -219,45 +222,30 @@ def registry_of(cls: type) -> RewardRegistry:
     return cached
 
 
-def _is_method(value: Any) -> bool:
-    return callable(value) or isinstance(value, (classmethod, staticmethod))
-
-
 def _build_registry(cls: type) -> RewardRegistry:
-    # Walk the MRO from the base down, so that what a subclass defines wins, as in lookup.
-    roles: dict[str, tuple[str, float]] = {}  # attr -> (sub-reward name, weight)
+    # As the SDK collects them: the public names of ``dir(cls)`` in sorted order, each as
+    # attribute lookup finds it. An override without the decorator is no sub-reward (nor
+    # aggregate), a non-callable (``b = None``) neither; two sub-rewards of one name: the
+    # later one in that order wins, keeping the first one's place; so does the aggregate.
+    subs: dict[str, SubReward] = {}
     aggregate: str | None = None
-    for klass in reversed(cls.__mro__):
-        own_aggregates = []
-        for attr, value in vars(klass).items():
-            if not _is_method(value):  # ``b = None`` hides the parent's b: no role left
-                roles.pop(attr, None)
-                if attr == aggregate:
-                    aggregate = None
-                continue
-            tag = getattr(value, _SUB_REWARD_TAG, None)
-            if tag is not None:
-                roles[attr] = tag
-            if getattr(value, _AGGREGATE_TAG, False):
-                own_aggregates.append(attr)
-            # An undecorated method keeps the role its name had: the override is what runs.
-        if len(own_aggregates) > 1:
-            raise TypeError(
-                f"{klass.__name__} has more than one @aggregate_func: {', '.join(own_aggregates)}"
-            )
-        if own_aggregates:
-            aggregate = own_aggregates[0]
-    seen: dict[str, str] = {}
-    for attr, (name, _) in roles.items():
-        if name in seen:
-            raise TypeError(
-                f"{cls.__name__}: sub-reward name {name!r} is used by both "
-                f"{seen[name]}() and {attr}()"
-            )
-        seen[name] = attr
+    for attr in dir(cls):
+        if attr.startswith("_") or attr == "reward_meta":
+            continue
+        static = inspect.getattr_static(cls, attr, None)
+        if isinstance(static, (property, functools.cached_property)):
+            continue  # the SDK would evaluate it on an instance; never a sub-reward
+        value = getattr(cls, attr, None)
+        if not callable(value):
+            continue
+        tag = getattr(value, _SUB_REWARD_TAG, None)
+        if tag is not None:
+            subs[tag[0]] = SubReward(tag[0], tag[1], attr)
+        if getattr(value, _AGGREGATE_TAG, False):
+            aggregate = attr
     return RewardRegistry(
         name=getattr(cls, _NAME_ATTR, None),
-        sub_rewards=tuple(SubReward(name, weight, attr) for attr, (name, weight) in roles.items()),
+        sub_rewards=tuple(subs.values()),
         aggregate=aggregate,
     )
 
@@ -271,19 +259,34 @@ def _errors_of(processor: Any) -> SubRewardErrors:
     return errors
 
 
-def _as_reward_output(value: Any) -> RewardOutput:
+class InvalidSubRewardOutput(TypeError):
+    """A sub-reward returned something that is not a reward (None: a forgotten ``return``).
+
+    A bug in the function, not a failure of the moment: the SDK's server answers such a
+    request 500, and so does the runtime (``INVALID_OUTPUT``, naming the sub-reward),
+    rather than scoring it 0 and training on that."""
+
+
+def _as_reward_output(name: str, value: Any) -> RewardOutput:
     if isinstance(value, RewardOutput):
         output = value
-    elif isinstance(value, bool):
-        raise TypeError(f"returned a bool ({value}); return a RewardOutput")
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         output = RewardOutput(reward=Reward(reward_score=value))
     else:
         if hasattr(value, "model_dump"):  # the same model from another package (the SDK's)
             value = value.model_dump()
         if not isinstance(value, dict):
-            raise TypeError(f"returned {type(value).__name__}; return a RewardOutput")
-        output = RewardOutput.model_validate(value)
+            hint = " (a missing return?)" if value is None else ""
+            raise InvalidSubRewardOutput(
+                f"sub-reward {name!r} returned {type(value).__name__}{hint}, "
+                "expected a RewardOutput"
+            )
+        try:
+            output = RewardOutput.model_validate(value)
+        except ValueError as exc:
+            raise InvalidSubRewardOutput(
+                f"sub-reward {name!r} returned a dict that is not a RewardOutput: {exc}"
+            ) from None
     # A NaN would poison the weighted sum and then the whole answer: fail this one alone.
     score = output.reward.reward_score
     if isinstance(score, float) and not math.isfinite(score):
@@ -294,28 +297,41 @@ def _as_reward_output(value: Any) -> RewardOutput:
     return output
 
 
-def _failed(error: str) -> RewardOutput:
+@dataclass(frozen=True)
+class _Outcome:
+    """What one sub-reward gave: the output an aggregate sees (for a failure, the SDK's
+    placeholder) and, kept apart from it, our own record of the failure."""
+
+    output: RewardOutput
+    exc: BaseException | None = None
+    detail: str | None = None  # set when it failed: what went wrong
+
+
+def _placeholder(exc: BaseException) -> RewardOutput:
+    # Exactly what the SDK hands an aggregate for a sub-reward that raised.
     return RewardOutput(
-        reward=Reward(reward_score=0.0),
+        reward=Reward(reward_score=0.0, reward_metrics={}),
         status=TaskStatus.FAILED,
-        error=error,
-        error_code=SUB_REWARD_ERROR,
+        error=str(exc),
     )
 
 
-async def _run_sub_reward(
-    processor: Any, sub: SubReward, input_data: RewardInput
-) -> tuple[RewardOutput, BaseException | None]:
+async def _run_sub_reward(processor: Any, sub: SubReward, input_data: RewardInput) -> _Outcome:
     try:
-        return _as_reward_output(await dispatch.call(processor, sub.attr, input_data)), None
+        output = _as_reward_output(sub.name, await dispatch.call(processor, sub.attr, input_data))
+    except InvalidSubRewardOutput as exc:
+        return _Outcome(_placeholder(exc), exc, str(exc))  # raised once all have finished
     except Exception as exc:  # one failing sub-reward must not sink the others
-        return _failed(f"sub-reward {sub.name!r} failed: {type(exc).__name__}: {exc}"), exc
+        return _Outcome(_placeholder(exc), exc, f"{type(exc).__name__}: {exc}")
+    if output.status == TaskStatus.FAILED:  # it said so itself: it keeps its score
+        return _Outcome(output, None, f"returned status failed: {output.error or 'no error given'}")
+    return _Outcome(output)
 
 
 async def _process_registered(self: Any, input_data: RewardInput) -> Any:
     registry = registry_of(type(self))
     subs = registry.sub_rewards
-    results: dict[str, tuple[RewardOutput, BaseException | None]] = {}
+    results: dict[str, _Outcome] = {}
     if len(subs) == 1:
         results[subs[0].name] = await _run_sub_reward(self, subs[0], input_data)
     elif subs:
@@ -323,15 +339,19 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
         async def run(sub: SubReward) -> None:
             results[sub.name] = await _run_sub_reward(self, sub, input_data)
 
+        # Concurrently (the SDK awaits them one after another, in the same order).
         async with anyio.create_task_group() as tg:
             for sub in subs:
                 tg.start_soon(run, sub)
-    outputs = {sub.name: results[sub.name][0] for sub in subs}  # registration order
+    for sub in subs:
+        if isinstance(results[sub.name].exc, InvalidSubRewardOutput):
+            raise results[sub.name].exc  # type: ignore[misc]
+    outputs = {sub.name: results[sub.name].output for sub in subs}  # the SDK's order
 
-    failed = [name for name, out in outputs.items() if out.status == TaskStatus.FAILED]
+    failed = [name for name in outputs if results[name].detail is not None]
     if failed:
         errors = _errors_of(self)
-        messages = [_reported(errors, self, name, *results[name]) for name in failed]
+        messages = [_reported(errors, self, name, results[name]) for name in failed]
         if errors.mode == "fail":
             return RewardOutput(
                 reward=Reward(reward_score=0.0, reward_metrics=_metrics(self, outputs, failed)),
@@ -349,22 +369,13 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
     )
 
 
-def _reported(
-    errors: SubRewardErrors,
-    processor: Any,
-    name: str,
-    output: RewardOutput,
-    exc: BaseException | None,
-) -> str:
+def _reported(errors: SubRewardErrors, processor: Any, name: str, outcome: _Outcome) -> str:
     """Report one failed sub-reward; its message for a failed result."""
-    if exc is not None:
-        detail = f"{type(exc).__name__}: {exc}"
-        message = output.error or detail
-    else:  # it returned a failed output rather than raising
-        detail = f"returned status failed: {output.error or 'no error given'}"
-        message = f"sub-reward {name!r} {detail}"
-    errors.report(type(processor).__name__, name, detail, exc)
-    return message
+    detail = outcome.detail or ""
+    errors.report(type(processor).__name__, name, detail, outcome.exc)
+    if outcome.exc is None:
+        return f"sub-reward {name!r} {detail}"
+    return f"sub-reward {name!r} failed: {detail}"
 
 
 def _metrics(self: Any, outputs: dict[str, RewardOutput], failed: list[str]) -> dict[str, float]:

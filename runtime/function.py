@@ -21,7 +21,7 @@ from processors_base import dispatch
 from processors_base.models import BaseDataModel, TaskStatus
 from processors_base.redaction import Secrets, request_secrets
 from processors_base.redaction import redact as redact_text
-from processors_base.rewards import SubRewardErrors
+from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors
 from runtime import errors
 from runtime.finite import finder_for
 from runtime.loading import Target
@@ -185,6 +185,8 @@ class Function:
         """Run the processor on one input; what it returned, or ProcessorFailure."""
         try:
             result = await dispatch.call(self.processor, "process", input_data, self.offload)
+        except InvalidSubRewardOutput as exc:  # a sub-reward returned None (a missing return)
+            raise ProcessorFailure(errors.INVALID_OUTPUT, redact(str(exc), input_data)) from exc
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a failed request
             if _cancelled(exc):
                 raise

@@ -22,7 +22,7 @@ from processors_base import (
     reward_func,
     sub_reward_func,
 )
-from processors_base.rewards import SubRewardErrors, registry_of
+from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors, registry_of
 
 INPUT = RewardInput(agent_output={"messages": [{"role": "assistant", "content": "42"}]})
 
@@ -173,13 +173,26 @@ def test_sub_rewards_may_return_plain_numbers_or_dicts():
         def mapping(self, input_data: RewardInput) -> dict:
             return {"reward": {"reward_score": 0.25}}
 
-        @sub_reward_func("x")
-        def wrong(self, input_data: RewardInput) -> str:
-            return "high"
-
     result = run(Loose())
-    assert result.reward.reward_metrics == {"n": 0.5, "d": 0.25, "x": 0.0, "x.failed": 1.0}
+    assert result.reward.reward_metrics == {"n": 0.5, "d": 0.25}
     assert result.reward.reward_score == 0.75
+
+
+@pytest.mark.parametrize("returned", [None, "high", True, {"reward": "x"}])
+def test_a_sub_reward_returning_no_reward_fails_the_request(returned: object) -> None:
+    # The SDK's server answers such a request 500; scoring it 0 would train on a bug.
+    @reward_func("wrong")
+    class Wrong(AbstractRewardProcessor):
+        @sub_reward_func("fine")
+        def fine(self, input_data: RewardInput) -> RewardOutput:
+            return out(1.0)
+
+        @sub_reward_func("x")
+        def wrong(self, input_data: RewardInput) -> object:
+            return returned
+
+    with pytest.raises(InvalidSubRewardOutput, match="sub-reward 'x' returned"):
+        run(Wrong())
 
 
 def test_decorator_misuse_is_reported():
@@ -189,15 +202,26 @@ def test_decorator_misuse_is_reported():
         class Plain:
             pass
 
-    with pytest.raises(TypeError, match="'same'"):
 
-        @reward_func("dup")
-        class Dup(AbstractRewardProcessor):
-            @sub_reward_func("same")
-            def one(self, input_data): ...
+def test_two_sub_rewards_of_one_name_the_later_in_name_order_wins() -> None:
+    # As the SDK collects them (sorted attribute names): no error, "two" replaces "one",
+    # and the name keeps the place "one" gave it.
+    @reward_func("dup")
+    class Dup(AbstractRewardProcessor):
+        @sub_reward_func("same", sub_weight=10.0)
+        def two(self, input_data: RewardInput) -> RewardOutput:
+            return out(2.0)
 
-            @sub_reward_func("same")
-            def two(self, input_data): ...
+        @sub_reward_func("same")
+        def one(self, input_data: RewardInput) -> RewardOutput:
+            return out(1.0)
+
+        @sub_reward_func("other")
+        def other(self, input_data: RewardInput) -> RewardOutput:
+            return out(0.0)
+
+    assert list(Dup().get_weights().items()) == [("same", 10.0), ("other", 1.0)]
+    assert run(Dup()).reward.reward_score == 20.0
 
 
 def test_undecorated_subclass_without_process_is_abstract():
@@ -304,15 +328,26 @@ class Base(AbstractRewardProcessor):
         return out(self.get_total(sub_rewards))
 
 
-def test_an_undecorated_async_override_of_a_sync_aggregate_is_awaited() -> None:
+def test_an_undecorated_override_of_the_aggregate_is_no_aggregate() -> None:
+    # As attribute lookup finds it (and the SDK collects it): the override has no tag.
     class Override(Base):
         async def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:  # type: ignore[override]
-            await asyncio.sleep(0)
             return out(10 * self.get_total(sub_rewards))
 
     result = run(Override())
     assert isinstance(result, RewardOutput)
-    assert result.reward.reward_score == 15.0
+    assert result.reward.reward_score == 1.5
+    assert result.reward.reward_metrics == {"a": 1.0, "b": 0.5}  # the default weighted sum
+
+
+def test_a_decorated_async_override_of_a_sync_aggregate_is_awaited() -> None:
+    class Override(Base):
+        @aggregate_func
+        async def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:  # type: ignore[override]
+            await asyncio.sleep(0)
+            return out(10 * self.get_total(sub_rewards))
+
+    assert run(Override()).reward.reward_score == 15.0
 
 
 def test_assigning_none_unregisters_a_sub_reward_or_the_aggregate() -> None:
@@ -329,13 +364,13 @@ def test_assigning_none_unregisters_a_sub_reward_or_the_aggregate() -> None:
     assert result.reward.reward_metrics == {"a": 1.0, "b": 0.5}  # the default weighted sum
 
 
-def test_an_undecorated_override_of_a_sub_reward_keeps_its_name_and_weight() -> None:
+def test_an_undecorated_override_of_a_sub_reward_is_no_sub_reward() -> None:
     class Stricter(Weighted):
         def sub_a(self, input_data: RewardInput) -> RewardOutput:
             return out(0.0)
 
-    assert Stricter().get_weights() == {"a": 0.25, "sub_b": 0.75}
-    assert run(Stricter()).reward.reward_metrics == {"a": 0.0, "sub_b": 0.5}
+    assert Stricter().get_weights() == {"sub_b": 0.75}
+    assert run(Stricter()).reward.reward_metrics == {"sub_b": 0.5}
 
 
 def test_a_sync_sub_reward_behind_an_async_wrapper_is_awaited() -> None:

@@ -140,7 +140,8 @@ def test_the_decorator_wins_over_a_placeholder_process(start_server: StartServer
 @pytest.mark.parametrize(
     ("target", "score", "metrics"),
     [
-        ("AsyncAggregateOverride", 15.0, None),  # the undecorated async override runs
+        # an override without the decorator is no aggregate (as the SDK collects them)
+        ("AsyncAggregateOverride", 1.5, {"a": 1.0, "b": 0.5}),
         ("WithoutB", 1.0, {"a": 1.0}),  # b = None unregisters b, combine = None the aggregate
         ("WrappedSync", 1.0, {"wrapped": 1.0}),  # the async wrapper is awaited
         ("NoSubRewards", 0.0, None),  # as the SDK answers (in its own module, see below)
@@ -196,3 +197,32 @@ def test_invoke_shows_a_failing_sub_reward_on_stderr(tmp_path: Path) -> None:
     )
     assert failing.returncode == 1, failing.stderr
     assert '"error_code": "SUB_REWARD_ERROR"' in failing.stdout
+
+
+def test_a_sub_reward_that_returns_none_is_invalid_output(start_server: StartServer) -> None:
+    # The SDK's server answers 500 for a forgotten return; a silent 0 would be trained on.
+    server = start_server(f"{CASES}:ForgotReturn")
+    response = server.post(reward_body())
+    assert response.status_code == 500, response.text
+    body = response.json()
+    assert body["error_code"] == "INVALID_OUTPUT"
+    assert "sub-reward 'forgot' returned NoneType" in body["error"]
+    assert "missing return" in body["error"]
+
+
+def test_null_rollout_metrics_in_and_out(start_server: StartServer) -> None:
+    # Optional in the SDK's AgentOutput: null is accepted on input and on output.
+    body = reward_body()
+    body["agent_output"]["rollout_metrics"] = None
+    reward = start_server(f"{CASES}:FlakyJudge")
+    assert reward.post(body).status_code == 200
+
+    rollout = start_server(f"{CASES}:NullMetricsRollout")
+    response = rollout.post(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "model_resource": {"model_name": "m", "base_url": "http://x", "api_key": "sk-1"},
+        }
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["agent_output"]["rollout_metrics"] is None

@@ -83,7 +83,8 @@ class SyncAggregate(AbstractRewardProcessor):
 
 
 class AsyncAggregateOverride(SyncAggregate):
-    """Overrides the sync aggregate with an undecorated async def: the override runs."""
+    """Overrides the aggregate with an undecorated async def: as in the SDK, an override
+    without the decorator is no aggregate, and the default weighted sum answers."""
 
     async def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:  # type: ignore[override]
         await asyncio.sleep(0)
@@ -162,4 +163,26 @@ class NonFiniteRollout(AbstractRolloutProcessor):
             agent_output=AgentOutput(
                 messages=input_data.messages, rollout_metrics={"turns": math.nan}
             )
+        )
+
+
+@reward_func("forgot_return")
+class ForgotReturn(AbstractRewardProcessor):
+    """A sub-reward without its ``return``: the SDK answers 500, and so do we."""
+
+    @sub_reward_func("ok")
+    def ok(self, input_data: RewardInput) -> RewardOutput:
+        return _out(1.0)
+
+    @sub_reward_func("forgot")
+    def forgot(self, input_data: RewardInput) -> RewardOutput:
+        _out(1.0)  # type: ignore[return-value]  # no return
+
+
+class NullMetricsRollout(AbstractRolloutProcessor):
+    """Returns ``rollout_metrics=None``, which the SDK's model accepts."""
+
+    async def process(self, input_data: RolloutInput) -> RolloutOutput:
+        return RolloutOutput(
+            agent_output=AgentOutput(messages=input_data.messages, rollout_metrics=None)
         )

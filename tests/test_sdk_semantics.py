@@ -1,0 +1,139 @@
+"""The reward registry and the data models behave as the SDK's do, observed side by side.
+
+``sdk_semantics_probe.py`` observes a set of ``@reward_func`` processors (and the data
+models' fields) through the SDK's import paths. Here it runs under this runtime's alias
+and is compared with what the real SDK answers: recorded below, and, where a Python with
+the SDK is at hand (``DASHSCOPE_PYTHON``), observed from the SDK itself as well.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import timeit
+
+import anyio
+import pytest
+from conftest import TESTS
+from test_sdk_compat import SDK_PYTHON, with_sdk
+
+from processors_base import (
+    AbstractRewardProcessor,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    reward_func,
+    sub_reward_func,
+)
+
+PROBE = TESTS / "sdk_semantics_probe.py"
+
+# What the SDK (dashscope 1.x's finetune.reinforcement) answers to the probe.
+SDK_REGISTRY = {
+    "aggregate_sees": ["big", "mid", "small"],
+    "bound": True,
+    "class_processor_id": "executor",
+    "executor": 1.5,
+    "failing": 0.0,
+    "forgot": "raised",
+    "order_score": 0.6,  # 0.3 + 0.2 + 0.1 in name order; not 0.6000000000000001
+    "order_weights": {"big": 0.3, "mid": 0.2, "small": 0.1},
+    "placeholder": {
+        "error": "judge down",
+        "error_code": None,
+        "reward": {"reward_metrics": {}, "reward_score": 0.0},
+        "status": "failed",
+    },
+    "reweighted": 2.0,
+    "stricter": {"big": 0.3, "small": 0.1},
+    "twice": [{"other": 1.0, "same": 10.0}, 20.0],
+    "undecorated_processor_id": "default",
+    "without_small": {"big": 0.3, "mid": 0.2},
+}
+
+# Fields our outputs carry that the SDK's 1.x models lack (README: error_code is kept).
+OURS_ONLY = {("GroupRewardOutput", "error_code")}
+
+
+def probe(python: str, *args: str) -> dict:
+    done = subprocess.run(
+        [python, str(PROBE), *args], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_registry_answers_as_the_sdks() -> None:
+    ours = probe(sys.executable)
+    for key, expected in SDK_REGISTRY.items():
+        assert ours[key] == expected, key
+    assert list(ours["order_weights"]) == list(SDK_REGISTRY["order_weights"])  # same order
+
+
+@with_sdk
+def test_the_recorded_answers_are_the_installed_sdks() -> None:
+    assert probe(SDK_PYTHON) == SDK_REGISTRY
+
+
+@with_sdk
+def test_every_data_model_field_is_as_optional_as_the_sdks() -> None:
+    sdk = probe(SDK_PYTHON, "fields")
+    ours = probe(sys.executable, "fields")
+    differences = [
+        (model, field, sdk[model].get(field), ours[model].get(field))
+        for model in sdk
+        for field in sorted(set(sdk[model]) | set(ours[model]))
+        if sdk[model].get(field) != ours[model].get(field) and (model, field) not in OURS_ONLY
+    ]
+    assert differences == []
+
+
+def test_null_rollout_metrics_and_a_required_group_reward_list() -> None:
+    ours = probe(sys.executable, "fields")
+    metrics = ours["AgentOutput"]["rollout_metrics"]
+    assert metrics == {"default": {}, "null": True, "required": False}
+    assert ours["GroupReward"]["rewards"]["required"] is True
+
+
+@reward_func("meta")
+class Meta(AbstractRewardProcessor):
+    @sub_reward_func("fmt", sub_weight=0.5)
+    def fmt(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+def test_reward_meta_on_the_class_on_instances_and_undecorated() -> None:
+    assert Meta.reward_meta.processor_id == "meta"
+    assert Meta.reward_meta.sub_functions["fmt"].func is Meta.fmt
+    first, second = Meta(), Meta()
+    assert first.reward_meta.sub_functions["fmt"].func.__self__ is first
+    first.reward_meta.sub_functions["fmt"].weight = 3.0  # in setup(), say
+    assert first.get_weights() == {"fmt": 3.0} and second.get_weights() == {"fmt": 0.5}
+    inp = RewardInput(agent_output={})
+    assert anyio.run(first.process, inp).reward.reward_score == 3.0
+
+    class Plain(AbstractRewardProcessor):
+        def process(self, input_data: RewardInput) -> RewardOutput:
+            return RewardOutput(reward=Reward(reward_score=0.0))
+
+    assert Plain().reward_meta.processor_id == "default"
+    assert Plain().reward_meta.sub_functions == {}
+    with pytest.raises(AttributeError, match="not a @reward_func"):
+        Plain.reward_meta  # noqa: B018 - as under the SDK: the class has none
+
+
+def test_reading_the_weights_live_costs_little() -> None:
+    # The weights come from reward_meta on every request (a setup() that changes one
+    # counts): measured against the frozen registry's weights, it must stay cheap.
+    processor = Meta()
+    outputs = {"fmt": RewardOutput(reward=Reward(reward_score=1.0))}
+    frozen = {"fmt": 0.5}
+
+    def from_registry() -> float:
+        return sum(out.reward.reward_score * frozen[name] for name, out in outputs.items())
+
+    live = min(timeit.repeat(lambda: processor.get_total(outputs), number=20000, repeat=5))
+    fixed = min(timeit.repeat(from_registry, number=20000, repeat=5))
+    assert live / 20000 < 5e-6, live  # microseconds per request, not more
+    print(f"get_total live: {live / 20000 * 1e9:.0f} ns; frozen: {fixed / 20000 * 1e9:.0f} ns")
