@@ -32,9 +32,9 @@ _TARGET_HELP = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m runtime") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime",
+        prog=prog,
         description="Serve the Rollout, Reward and GroupReward functions of agentic RL, and "
         "train with them on the platform.",
     )
@@ -104,7 +104,9 @@ def _fail(code: int, message: str) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    # usage lines name the command as it was typed: the console script, or python -m runtime
+    script = Path(sys.argv[0]).name == "agentic-rl-runtime"
+    args = _parser("agentic-rl-runtime" if script else "python -m runtime").parse_args(argv)
     if args.command == "build":
         from runtime.images import run_build
 

@@ -250,6 +250,7 @@ def test_the_console_script_is_the_cli() -> None:
         pytest.skip(f"the package is not installed in {sys.prefix} (pip install -e .)")
     done = subprocess.run([str(script), "serve", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--concurrency" in done.stdout
+    assert done.stdout.startswith("usage: agentic-rl-runtime serve ")
 
 
 # ---------------------------------------------------------------- the walk-through
