@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
+from runtime import sdk_compat
 from runtime.config import SettingsError, add_options, resolve
 from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
 from runtime.eval import cli as eval_cli
@@ -126,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:
         _fail(2, str(exc))
+    if settings.sub_reward_errors == "fail" and sdk_compat.runs_the_sdks_reward_processing(
+        target.cls
+    ):
+        _fail(2, sdk_compat.SDK_REWARD_PROCESSING)
 
     if args.command == "serve":
         from runtime.server import serve  # uvicorn is only needed to serve

@@ -48,7 +48,15 @@ from processors_base import models
 from processors_base.models import FunctionType
 from runtime.sdk_alias import MODULES, SDK, exports
 
-__all__ = ["SDK", "install", "installed", "recognise", "uninstall"]
+__all__ = [
+    "SDK",
+    "SDK_REWARD_PROCESSING",
+    "install",
+    "installed",
+    "recognise",
+    "runs_the_sdks_reward_processing",
+    "uninstall",
+]
 
 _ORIGIN = "runtime.sdk_compat"
 _PARENTS = ("dashscope", "dashscope.finetune")
@@ -171,3 +179,19 @@ def recognise(cls: type) -> tuple[FunctionType, type, type] | None:
         data = importlib.import_module(f"{SDK}.component.data.{module_name}")
         return func_type, getattr(data, model_name), _OUTPUTS[func_type]
     return None
+
+
+SDK_REWARD_PROCESSING = (
+    "--sub-reward-errors fail (SUB_REWARD_ERRORS) cannot apply: this class is decorated by "
+    "the installed SDK's own @reward_func, whose processing runs its sub-rewards (a failed "
+    "one scores 0 and is only logged by the SDK); serve it where dashscope is not "
+    "installed, or use --sub-reward-errors zero"
+)
+
+
+def runs_the_sdks_reward_processing(cls: type) -> bool:
+    """Whether ``cls`` was decorated by the installed SDK's own ``@reward_func``: its
+    ``process`` is then the SDK's, which runs the sub-rewards its own way (so none of
+    ``--sub-reward-errors``, the failure counter or the ``.failed`` marks apply)."""
+    process = getattr(cls, "process", None)
+    return getattr(process, "__module__", None) == f"{SDK}.component.func_decorator"

@@ -305,6 +305,44 @@ def test_sdk_style_workspace_serves_with_the_sdk(start_server):
     check_all_functions(start_server, SDK_PYTHON)
 
 
+@pytest.mark.parametrize("python", ["here", "sdk"])
+def test_sub_reward_errors_fail_is_never_silently_ignored(tmp_path, python):
+    # With the SDK installed, its own @reward_func runs the sub-rewards, which fail mode
+    # cannot reach: the runtime says so and exits 2 rather than serving without it.
+    if python == "sdk" and SDK_PYTHON is None:
+        pytest.skip("needs a Python with dashscope (DASHSCOPE_PYTHON)")
+    executable = SDK_PYTHON if python == "sdk" else sys.executable
+    with_the_sdk = python == "sdk" or HERE_HAS_SDK
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(REWARD))
+    target = "functions.examples.reward_decorator:SafetyProcessor"
+    done = subprocess.run(
+        [
+            executable,
+            "-m",
+            "runtime",
+            "invoke",
+            target,
+            "--input",
+            str(request),
+            "--sub-reward-errors",
+            "fail",
+        ],
+        cwd=WORKSPACE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if with_the_sdk:
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1
+        assert "decorated by the installed SDK's own @reward_func" in done.stderr
+    else:  # our @reward_func behind the SDK's path: fail mode applies
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["status"] == "success"
+
+
 # --- the SDK's whole public surface, and only that part of dashscope --------------------
 
 
