@@ -511,9 +511,15 @@ class FunctionApp:
 
     # --- everything else -------------------------------------------------------------
 
-    async def _health(self, request: Request) -> Response:
+    def health(self) -> tuple[str, str]:
+        """/health's decision (also Ray Serve's health check): the status, and why it is
+        "unhealthy" when set up but unable to serve (a broken pool, every thread stuck)."""
         state = self.state
         reason = self.unhealthy_reason() if state == READY else ""
+        return (UNHEALTHY, reason) if reason else (state, "")
+
+    async def _health(self, request: Request) -> Response:
+        state, reason = self.health()
         if reason:  # set up, but cannot serve: a broken pool, or every thread stuck
             body = orjson.dumps({"status": UNHEALTHY, "reason": reason, **self._health_fields})
             return Response(body, 503, media_type="application/json")

@@ -10,8 +10,12 @@ a replica that dies replaced. ``/health``, ``/metrics`` and the trainer protocol
 served through Serve's HTTP proxy on ``--host``/``--port``; ``/metrics`` is the answering
 replica's own.
 
-With ``RAY_ADDRESS`` set, the application joins that cluster (the workspace travels to it
-as the replicas' ``working_dir``); otherwise a local cluster is started in this process.
+With ``RAY_ADDRESS`` set, the application joins that cluster; otherwise a local cluster is
+started in this process. Either way the workspace travels to the replicas as their
+``working_dir`` and this project's packages (``runtime``, ``processors_base``) as
+``py_modules``, so a node needs only their dependencies installed, not this project. A
+replica whose app is not healthy, as ``/health`` decides (setup() not done, a broken
+pool, every thread stuck), fails Serve's health check and is replaced.
 SIGTERM or SIGINT deletes the application (and stops a cluster started here).
 """
 
@@ -24,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from runtime.config import Settings
@@ -47,8 +52,13 @@ def serve_on_ray(settings: Settings) -> int:
     if settings.workers > 1:
         log.warning("--workers is ignored with --ray: Ray Serve runs --replicas instead")
     joined = bool(os.environ.get("RAY_ADDRESS"))
-    # Replicas import the target from their working directory: the workspace, shipped.
-    runtime_env = {"working_dir": os.path.abspath(settings.workspace)}
+    # Replicas import the target from their working directory (the workspace) and the
+    # runtime from its packages, both shipped: a node needs only the dependencies.
+    runtime_env = {
+        "working_dir": os.path.abspath(settings.workspace),
+        "py_modules": _packages(),
+        "excludes": ["__pycache__", "*.pyc"],
+    }
     if joined:
         ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
     else:
@@ -116,7 +126,13 @@ class FunctionReplica:
         settings = self._function_settings
         logging.getLogger("runtime").setLevel(settings.log_level.upper())  # Ray owns handlers
         target = load_target(settings.target, settings.workspace, settings.func_type)
-        function = Function(target, isolation=settings.isolation, processes=settings.processes)
+        function = Function(
+            target,
+            isolation=settings.isolation,
+            processes=settings.processes,
+            threads=settings.threads,
+            sub_reward_errors=settings.sub_reward_errors,
+        )
         tracing = (
             Tracing(
                 target.func_type.value,
@@ -130,10 +146,13 @@ class FunctionReplica:
         return _StartedWhenReady(self._function_app)
 
     async def check_health(self) -> None:
-        """Serve's health check: a replica whose app is not serving is replaced."""
+        """Serve's health check, /health's decision: a replica that cannot serve is replaced."""
         app = self._function_app
-        if app is None or app.state != "healthy":
-            raise RuntimeError(f"the function is {getattr(app, 'state', 'not built')}")
+        if app is None:
+            raise RuntimeError("the function is not built")
+        status, reason = app.health()
+        if status != "healthy":
+            raise RuntimeError(f"the function is {status}" + (f": {reason}" if reason else ""))
 
 
 class _StartedWhenReady:
@@ -159,6 +178,14 @@ class _StartedWhenReady:
             await send(message)
 
         await self.app(scope, receive, send_when_ready)
+
+
+def _packages() -> list[str]:
+    """This project's packages, as directories for Ray's ``py_modules``."""
+    import processors_base
+    import runtime
+
+    return [str(Path(p.__file__).parent) for p in (runtime, processors_base)]
 
 
 def _wait_for_signal() -> None:

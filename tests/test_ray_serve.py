@@ -209,3 +209,47 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             assert live_serve_actors(address) == []
         finally:
             server.close()
+
+
+def pid_of(answer: httpx.Response) -> int:
+    return int(answer.json()["reward"]["reward_metrics"]["pid"])
+
+
+def test_a_replica_unhealthy_as_health_says_is_replaced() -> None:
+    # every thread stuck: /health says unhealthy, and so must Serve's health check
+    with ray_cluster() as address:
+        server = Server(
+            "workspace.trainer_fns:PidHangReward",
+            "--ray",
+            "--threads",
+            "1",
+            "--timeout",
+            "2",
+            "--ray-replica-cpus",
+            "0.5",
+            python=RAY_PYTHON or sys.executable,
+            env={**RAY_ENV, "RAY_ADDRESS": address},
+        )
+        try:
+            server.wait_ready(timeout=240)
+            client = server.client
+            body = {"agent_output": {"messages": [{"role": "assistant", "content": "x"}]}}
+            first = pid_of(client.post("/api/v1", json=body, timeout=30))
+            hang = {"agent_output": {"messages": [{"role": "assistant", "content": "HANG"}]}}
+            assert client.post("/api/v1", json=hang, timeout=30).status_code == 504
+            deadline = time.monotonic() + 30
+            while client.get("/health").json()["status"] != "unhealthy":
+                assert time.monotonic() < deadline, "the stuck thread never made it unhealthy"
+                time.sleep(0.1)
+            deadline = time.monotonic() + 180
+            while True:  # Serve's health check fails; a fresh replica takes its place
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    answer = client.post("/api/v1", json=body, timeout=10)
+                    if answer.status_code == 200 and pid_of(answer) != first:
+                        break
+                assert time.monotonic() < deadline, "the unhealthy replica was never replaced"
+                time.sleep(0.5)
+            assert client.get("/health").json()["status"] == "healthy"
+            assert server.terminate(timeout=120) == 0
+        finally:
+            server.close()

@@ -124,3 +124,12 @@ class JudgedReward(AbstractRewardProcessor):
         if _answer(input_data) == "RAISE":
             raise ValueError("the judge broke")
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class PidHangReward(AbstractRewardProcessor):
+    """Sync: ``HANG`` holds its thread for good; anything else says which process answered."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        if _answer(input_data) == "HANG":
+            time.sleep(3600)
+        return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics={"pid": os.getpid()}))
