@@ -63,6 +63,7 @@ MISMATCH_MARK = "prompt_mismatch"  # OpenRLHF: the prompt was not found in the q
 _RESERVED = frozenset((FAILED_MARK, MISMATCH_MARK))  # never taken from a processor's metrics
 _START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not started
 _RETRY_AFTER = {"Retry-After": "1"}
+_CLOSE = {"Connection": "close"}
 
 
 @dataclass
@@ -84,10 +85,13 @@ class _Reject(Exception):
 
     def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
         super().__init__(message)
+        headers = _RETRY_AFTER if status == 503 else None
+        if status in (408, 413):  # as /api/v1: the body is left unread, so is the connection
+            headers = _CLOSE
         self.response = Response(
             errors.error_body(code, message, detail),
             status,
-            headers=_RETRY_AFTER if status == 503 else None,
+            headers=headers,
             media_type="application/json",
         )
         self.status = status

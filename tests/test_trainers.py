@@ -455,3 +455,4 @@ def test_trainer_bodies_share_the_body_limits() -> None:
         too_big = server.client.post("/slime/reward", content=b"{" + b" " * 4000 + b"}")
         assert too_big.status_code == 413
         assert too_big.json()["error_code"] == "BODY_TOO_LARGE"
+        assert too_big.headers["connection"] == "close"  # its body was left unread
