@@ -188,9 +188,73 @@ def fields() -> None:
     print(json.dumps(found, sort_keys=True))
 
 
+SOURCE = """
+from dashscope.finetune.reinforcement import reward_func, sub_reward_func
+
+@reward_func("w")
+class W:
+    @sub_reward_func("a", 0.25)
+    def a(self, x): ...
+
+    @sub_reward_func(name="b", sub_weight=2)
+    async def b(self, x): ...
+"""
+
+
+def helpers() -> None:
+    """The SDK's constants, utilities and tracing helpers, as code written for it sees them."""
+    import dashscope.finetune.reinforcement.common.constants as constants
+    from dashscope.finetune.reinforcement.common.utils import deep_mask, extract_reward_weights
+    from dashscope.finetune.reinforcement.component.observability import (
+        instrument_dashscope_generation_call,
+        instrument_openai_chat_completions,
+        is_tracing_enabled,
+        trace_client,
+    )
+
+    class Unknown:
+        pass
+
+    class Generation:
+        @classmethod
+        def call(cls, **kwargs: Any) -> dict:
+            return {}
+
+    unknown = Unknown()
+    secret = {"api_key": "sk-0123456789", "token": "tok-0123456789", "Password": "hunter2"}
+    found: dict[str, Any] = {
+        name: getattr(constants, name)
+        for name in (
+            "ENABLE_TRAJECTORY",
+            "FC_ZIP_EXCLUDE_PATTERNS",
+            "LOGGER_NAME",
+            "DATASETS_FILE_SIZE_WARNING",
+            "FC_OSS_FILE_SIZE_WARNING",
+            "TUNING_MODE_NAME",
+        )
+    }
+    found["weights_all"] = extract_reward_weights(SOURCE, "")
+    found["weights_w"] = extract_reward_weights(SOURCE, "W")
+    found["weights_broken"] = extract_reward_weights("class (:", "W")
+    masked = deep_mask({**secret, "nested": [secret], "pair": ("a", 1), "set": {1}})
+    found["masked"] = {**masked, "pair": list(masked["pair"]), "set": sorted(masked["set"])}
+    found["tracing"] = is_tracing_enabled()
+    found["trace_client_unknown"] = repr(trace_client(unknown))  # None (SDK) or the object
+    found["openai_returns_it"] = (
+        instrument_openai_chat_completions(unknown, provider="qwen", handler=None) is unknown
+    )
+    found["dashscope_returns_it"] = (
+        instrument_dashscope_generation_call(Generation, provider="ds", handler=None) is Generation
+    )
+    print(json.dumps(found, sort_keys=True, default=str))
+
+
 def main() -> None:
     if sys.argv[1:] == ["fields"]:
         fields()
+        return
+    if sys.argv[1:] == ["helpers"]:
+        helpers()
         return
     reweighted = Reweighted()
     reweighted.setup()

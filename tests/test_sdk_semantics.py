@@ -9,6 +9,7 @@ the SDK is at hand (``DASHSCOPE_PYTHON``), observed from the SDK itself as well.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import timeit
@@ -52,13 +53,38 @@ SDK_REGISTRY = {
     "without_small": {"big": 0.3, "mid": 0.2},
 }
 
+# What the SDK's constants, utilities and tracing helpers answer to the probe.
+_MASKED = {"Password": "****", "api_key": "sk-0****6789", "token": "tok-0123456789"}
+SDK_HELPERS = {
+    "DATASETS_FILE_SIZE_WARNING": 1073741824,
+    "ENABLE_TRAJECTORY": True,
+    "FC_OSS_FILE_SIZE_WARNING": 209715200,
+    "FC_ZIP_EXCLUDE_PATTERNS": ".git,.gitignore,.DS_Store,.vscode,.Python,.env,.venv,.idea,"
+    "__pycache__,*.swp,*.egg,*.egg-info,*.pyc,*.md,*.log,*.tmp,*.bak,"
+    "build,develop-eggs,.eggs,test,tests,tmp,temp,data",
+    "LOGGER_NAME": "dashscope.finetune.reinforcement",
+    "TUNING_MODE_NAME": "reinforcement",
+    "dashscope_returns_it": True,
+    "masked": {**_MASKED, "nested": [_MASKED], "pair": ["a", 1], "set": [1]},
+    "openai_returns_it": True,
+    "weights_all": {},
+    "weights_broken": {},
+    "weights_w": {"a": 0.25, "b": 2.0},
+}
+
 # Fields our outputs carry that the SDK's 1.x models lack (README: error_code is kept).
 OURS_ONLY = {("GroupRewardOutput", "error_code")}
 
 
-def probe(python: str, *args: str) -> dict:
+def probe(python: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "ENABLE_TRAJECTORY"}
     done = subprocess.run(
-        [python, str(PROBE), *args], capture_output=True, text=True, timeout=120, cwd="/"
+        [python, str(PROBE), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={**environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -87,6 +113,42 @@ def test_every_data_model_field_is_as_optional_as_the_sdks() -> None:
         if sdk[model].get(field) != ours[model].get(field) and (model, field) not in OURS_ONLY
     ]
     assert differences == []
+
+
+@pytest.mark.parametrize("enabled", ["", "1"])
+def test_the_sdks_helpers_answer_as_the_sdks(enabled: str) -> None:
+    # trace_client() returns None in the SDK; ours hands back the object (with a warning
+    # for one it does not know), which code written for the SDK never reads.
+    env = {"ENABLE_TRAJECTORY": enabled} if enabled else {}
+    ours = probe(sys.executable, "helpers", env=env)
+    assert ours.pop("trace_client_unknown").startswith("<")
+    assert ours == {**SDK_HELPERS, "tracing": bool(enabled)}
+
+
+@with_sdk
+@pytest.mark.parametrize("enabled", ["", "1"])
+def test_the_recorded_helpers_are_the_installed_sdks(enabled: str) -> None:
+    env = {"ENABLE_TRAJECTORY": enabled} if enabled else {}
+    sdk = probe(SDK_PYTHON, "helpers", env=env)
+    assert sdk.pop("trace_client_unknown") == "None"
+    assert sdk == {**SDK_HELPERS, "tracing": bool(enabled)}
+
+
+def test_the_sdk_servers_own_objects_raise_a_clear_error_when_used() -> None:
+    code = (
+        "from runtime import sdk_compat; sdk_compat.install()\n"
+        "from dashscope.finetune.reinforcement.component.server import server\n"
+        "for use in (lambda: server.executor.submit(print), "
+        "lambda: server.func_manager.processor, lambda: server.app.routes):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, 'runtime serve' in str(exc))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=TESTS.parent
+    )
+    assert done.stdout.split("\n")[:3] == ["NotProvidedError True"] * 3, done.stderr
 
 
 def test_null_rollout_metrics_and_a_required_group_reward_list() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 
 import openai
@@ -238,9 +239,17 @@ def test_errors_set_status_once_and_never_leak_the_key(llm, traced):
     assert "***" in dumped
 
 
-def test_unknown_client_shape_is_refused_clearly():
-    with pytest.raises(TypeError, match="not a client it knows"):
-        trace_client(object())
+def test_unknown_client_shape_warns_once_and_passes_through(caplog):
+    # As the SDK: tracing never breaks the code it observes; one warning per type.
+    class Unknown:
+        pass
+
+    first, second = Unknown(), Unknown()
+    with caplog.at_level(logging.WARNING):
+        assert trace_client(first) is first
+        assert trace_client(second) is second
+    warned = [r for r in caplog.records if "not a client it knows" in r.getMessage()]
+    assert len(warned) == 1 and "Unknown" in warned[0].getMessage()
 
 
 def test_tracing_off_passes_through(llm):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -29,19 +30,35 @@ __all__ = ["observe_llm", "trace_client", "untrace_client"]
 
 T = TypeVar("T")
 _MARK = "__rl_traced__"
+_log = logging.getLogger("processors_base.observability")
+_WARNED: set[str] = set()  # the types trace_client has warned about
 
 
-def trace_client(client: T, *, tracer_provider: Any = None) -> T:
-    """Trace every chat completion made through ``client`` from now on; returns it."""
+def trace_client(
+    client: T, *, tracer_provider: Any = None, provider: str | None = None, handler: Any = None
+) -> T:
+    """Trace every chat completion made through ``client`` from now on; returns it.
+
+    ``provider`` names the LLM provider on the spans (default: ``openai``, or
+    ``dashscope`` for the Generation class); ``handler`` is a GenAI telemetry handler of
+    your own to record them with. An object it does not recognise is returned unchanged,
+    with one warning per type (as in the SDK, tracing never breaks the code it observes).
+    """
     targets = _targets(client)
     if not targets:
-        raise TypeError(
-            f"trace_client: {type(client).__name__} is not a client it knows: pass an OpenAI "
-            "client (.chat.completions.create), a completions resource (.create), a wrapper "
-            "with .client / .async_client, or the DashScope Generation class"
-        )
+        kind = f"{type(client).__module__}.{type(client).__qualname__}"
+        if kind not in _WARNED:
+            _WARNED.add(kind)
+            _log.warning(
+                "trace_client: %s is not a client it knows, so its calls are not traced: pass "
+                "an OpenAI client (.chat.completions.create), a completions resource "
+                "(.create), a wrapper with .client / .async_client, or the DashScope "
+                "Generation class",
+                kind,
+            )
+        return client
     for owner, attr, provider_name in targets:
-        _patch(owner, attr, provider_name, tracer_provider)
+        _patch(owner, attr, provider or provider_name, tracer_provider, handler)
     return client
 
 
@@ -83,19 +100,21 @@ def _api_key(owner: Any) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) and key else ()
 
 
-def _patch(owner: Any, attr: str, provider_name: str, tracer_provider: Any) -> None:
+def _patch(
+    owner: Any, attr: str, provider_name: str, tracer_provider: Any, handler: Any = None
+) -> None:
     if isinstance(owner, type):
         original = owner.__dict__[attr].__func__
         if getattr(original, _MARK, None) is not None:
             return
-        traced = _wrap(original, provider_name, tracer_provider, ())
+        traced = _wrap(original, provider_name, tracer_provider, (), telemetry=handler)
         setattr(traced, _MARK, original)
         setattr(owner, attr, classmethod(traced))
         return
     original = getattr(owner, attr)
     if getattr(original, _MARK, None) is not None:
         return
-    traced = _wrap(original, provider_name, tracer_provider, _api_key(owner))
+    traced = _wrap(original, provider_name, tracer_provider, _api_key(owner), telemetry=handler)
     setattr(traced, _MARK, original)
     object.__setattr__(owner, attr, traced)
 

@@ -249,7 +249,7 @@ def _server_names() -> dict[str, Any]:
 
     module = f"{SDK}.component.server.server"
     return {
-        name: unavailable.unavailable_function(module, name, unavailable.SERVER)
+        name: unavailable.unavailable_object(module, name)
         for name in ("app", "executor", "func_manager")
     }
 

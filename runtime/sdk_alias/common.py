@@ -5,6 +5,7 @@ deployment client (those that do not are stand-ins, see ``unavailable``)."""
 from __future__ import annotations
 
 import ast
+import copy
 import logging
 import os
 import sys
@@ -16,7 +17,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from processors_base.models import FunctionType
-from processors_base.observability._core import is_secret_key
 
 # --- errors ---------------------------------------------------------------------------
 
@@ -244,7 +244,7 @@ def _settings() -> dict[str, Any]:
         "DASHSCOPE_HTTP_BASE_URL": base,
         "DASHSCOPE_API_KEY": api_key,
         "FC_API_KEY": os.environ.get("FC_API_KEY", api_key),
-        "LOGGER_NAME": os.environ.get("LOGGER_NAME", "processors"),
+        "LOGGER_NAME": os.environ.get("LOGGER_NAME", "dashscope.finetune.reinforcement"),
         "LOG_LEVEL": os.environ.get("LOG_LEVEL", "info").upper(),
         "LOGGER_FILTER_FIELDS": {
             "trigger_token",
@@ -255,7 +255,7 @@ def _settings() -> dict[str, Any]:
             "access_key",
             "secret_key",
         },
-        "ENABLE_TRAJECTORY": get_bool_env("ENABLE_TRAJECTORY", False),
+        "ENABLE_TRAJECTORY": get_bool_env("ENABLE_TRAJECTORY", True),  # the SDK's default
         "HTTP_REQUEST_TIMEOUT": get_int_env("HTTP_REQUEST_TIMEOUT", 600),
         "BAILIAN_FILE_API": os.environ.get("BAILIAN_FILE_API", f"{base}/files"),
         "BAILIAN_FILE_TIMEOUT": get_int_env("BAILIAN_FILE_TIMEOUT", 600),
@@ -274,7 +274,9 @@ def _settings() -> dict[str, Any]:
         "FC_LAYER_QUERY_API": endpoint("FC_LAYER_QUERY_API", "/query/faas/layer/status"),
         "FC_FILES_START": "start.sh",
         "FC_PYPI_LIB": os.environ.get("FC_PYPI_LIB", ""),
-        # the package index the function image installs from; pip's own setting by default
+        # The package index the function image installs from. The SDK names a registry
+        # host here; this project never writes one into its files: pip's own setting, or
+        # empty (pip's default index).
         "FC_PYPI_REPO": os.environ.get("FC_PYPI_REPO", os.environ.get("PIP_INDEX_URL", "")),
         # the module the platform starts: this runtime serves in its place
         "FC_SERVER_CLASSPATH": os.environ.get("FC_SERVER_CLASSPATH", "runtime"),
@@ -282,14 +284,16 @@ def _settings() -> dict[str, Any]:
         "FC_LAYER_USED": get_bool_env("FC_LAYER_USED", True),
         "FC_LAYER_NAME": "fc_layer",
         "FC_REQUIREMENTS_FILE": "./requirements.txt",
+        # a comma-separated string, as the SDK has it
         "FC_ZIP_EXCLUDE_PATTERNS": os.environ.get(
             "FC_ZIP_EXCLUDE_PATTERNS",
             ".git,.gitignore,.DS_Store,.vscode,.Python,.env,.venv,.idea,__pycache__,"
-            "*.swp,*.egg,*.egg-info,*.pyc,*.md,*.log,*.tmp,*.bak",
-        ).split(","),
-        "FC_OSS_FILE_SIZE_WARNING": get_int_env("FC_OSS_FILE_SIZE_WARNING", 100 * 1024 * 1024),
-        "DATASETS_FILE_SIZE_WARNING": get_int_env("DATASETS_FILE_SIZE_WARNING", 100 * 1024 * 1024),
-        "TUNING_MODE_NAME": os.environ.get("TUNING_MODE_NAME", "agentic_rl"),
+            "*.swp,*.egg,*.egg-info,*.pyc,*.md,*.log,*.tmp,*.bak,"
+            "build,develop-eggs,.eggs,test,tests,tmp,temp,data",
+        ),
+        "FC_OSS_FILE_SIZE_WARNING": get_int_env("FC_OSS_FILE_SIZE_WARNING", 200 * 1024 * 1024),
+        "DATASETS_FILE_SIZE_WARNING": get_int_env("DATASETS_FILE_SIZE_WARNING", 1024 * 1024 * 1024),
+        "TUNING_MODE_NAME": "reinforcement",
     }
 
 
@@ -326,20 +330,21 @@ def secret_part_str(value: str) -> str:
 
 
 def deep_mask(data: Any) -> Any:
-    """A copy with every secret-looking field (api_key, token, password, ...) masked."""
+    """A deep copy with the values of the SDK's ``LOGGER_FILTER_FIELDS`` keys (api_key,
+    password, ...) masked, exactly the keys the SDK masks. (The runtime's own redaction of
+    spans and logs is wider and does not go through this.)"""
     if hasattr(data, "model_dump"):
         data = data.model_dump(mode="json")
     if isinstance(data, dict):
         return {
             k: secret_part_str(str(v))
-            if isinstance(k, str)
-            and (is_secret_key(k) or k.lower() in SETTINGS["LOGGER_FILTER_FIELDS"])
+            if isinstance(k, str) and k.lower() in SETTINGS["LOGGER_FILTER_FIELDS"]
             else deep_mask(v)
             for k, v in data.items()
         }
-    if isinstance(data, (list, tuple)):
+    if isinstance(data, (list, tuple, set)):
         return type(data)(deep_mask(v) for v in data)
-    return data
+    return copy.deepcopy(data)
 
 
 def _empty(value: Any) -> bool:
@@ -390,10 +395,15 @@ def serialize_for_output(data: Any) -> Any:
 
 def extract_reward_weights(source_code: str, classname: str) -> dict[str, float]:
     """``{sub-reward name: weight}`` of the ``@sub_reward_func`` methods of ``classname``
-    (every class when empty), read from source without importing it."""
+    read from source without importing it. As in the SDK: only a top-level class named
+    exactly ``classname`` (so ``""`` finds none), and ``{}`` for source that does not parse."""
     weights: dict[str, float] = {}
-    for node in ast.walk(ast.parse(source_code)):
-        if not isinstance(node, ast.ClassDef) or (classname and node.name != classname):
+    try:
+        tree = ast.parse(source_code)
+    except SyntaxError:
+        return weights
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name != classname:
             continue
         for item in node.body:
             if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):

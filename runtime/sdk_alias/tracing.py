@@ -73,7 +73,10 @@ GENAI_AVAILABLE = True  # loongsuite-util-genai is a dependency of this runtime
 
 
 def is_tracing_enabled() -> bool:
-    return _core.active_provider() is not None
+    """As the SDK answers (``ENABLE_TRAJECTORY`` is true, 1 or yes), or the runtime is
+    tracing (``--tracing``)."""
+    enabled = os.environ.get("ENABLE_TRAJECTORY", "").strip().lower() in ("true", "1", "yes")
+    return enabled or _core.active_provider() is not None
 
 
 def get_tracer() -> Any:
@@ -296,12 +299,18 @@ def run_with_genai_llm_span(
         return result
 
 
-def instrument_openai_chat_completions(client: Any) -> None:
-    trace_client(client)
+def instrument_openai_chat_completions(
+    client: Any, *, provider: str = "openai", handler: Any = None
+) -> Any:
+    """Trace an OpenAI-compatible client (or completions resource); returns it."""
+    return trace_client(client, provider=provider, handler=handler)
 
 
-def instrument_dashscope_generation_call(generation_cls: Any) -> None:
-    trace_client(generation_cls)
+def instrument_dashscope_generation_call(
+    generation_cls: Any, *, provider: str = "dashscope", handler: Any = None
+) -> Any:
+    """Trace the DashScope ``Generation`` class's ``call``; returns the class."""
+    return trace_client(generation_cls, provider=provider, handler=handler)
 
 
 # --- messages in the GenAI semantic conventions' types -----------------------------------

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["SERVER", "NotProvidedError", "unavailable_class", "unavailable_function"]
+__all__ = [
+    "SERVER",
+    "NotProvidedError",
+    "unavailable_class",
+    "unavailable_function",
+    "unavailable_object",
+]
 
 
 class NotProvidedError(NotImplementedError):
@@ -52,3 +58,30 @@ def unavailable_class(module: str, name: str) -> type:
     return type(
         name, (), {"__init__": __init__, "__module__": module, "__doc__": _message(qualified)}
     )
+
+
+class _Unavailable:
+    """An object of the SDK's server (its app, executor, func_manager): naming it works;
+    calling it or reaching any attribute (``executor.submit``) raises NotProvidedError."""
+
+    def __init__(self, qualified: str, what: str) -> None:
+        object.__setattr__(self, "_message", _message(qualified, what))
+        object.__setattr__(self, "_qualified", qualified)
+
+    def __getattr__(self, name: str) -> NoReturn:
+        if name.startswith("__") and name.endswith("__"):  # copy, pickle, inspect probes
+            raise AttributeError(name)
+        raise NotProvidedError(self._message)
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise NotProvidedError(self._message)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotProvidedError(self._message)
+
+    def __repr__(self) -> str:
+        return f"<{self._qualified}: not available under agentic-rl-runtime>"
+
+
+def unavailable_object(module: str, name: str, what: str = SERVER) -> Any:
+    return _Unavailable(f"{module}.{name}", what)
