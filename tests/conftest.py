@@ -213,19 +213,17 @@ class Server:
         return self.proc.wait(timeout)
 
     def close(self) -> None:
-        """Stops the server as a platform would (SIGTERM), then kills whatever is left of its
-        process tree, and removes its log."""
+        """Kills what is left of the server's process tree (a graceful stop costs ~0.7 s a
+        test; tests of stopping call terminate()), and removes its log. A supervisor killed
+        this way leaves its metrics directory behind, which the leftover check reports: a
+        test of --workers ends with terminate()."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                tree = descendants(self.proc.pid)
-                self.proc.kill()
-                self.proc.wait(10)
-                for pid in tree:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
+            tree = descendants(self.proc.pid)
+            self.proc.kill()  # first, so that it starts no replacement for the workers
+            self.proc.wait(10)
+            for pid in tree:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         self.client.close()
         self._log.close()
         self.log_path.unlink(missing_ok=True)
