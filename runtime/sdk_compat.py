@@ -24,6 +24,11 @@ Two environments:
      ModuleNotFoundError, each saying the SDK is not installed and that this is the
      runtime's compatibility layer.
 
+   A real ``dashscope`` without that subtree (an older SDK pinned for its LLM calls)
+   is left in place, and the finder provides the subtree beside it: last on
+   ``sys.meta_path``, it is asked only for the ``dashscope.finetune*`` names the real
+   package lacks.
+
 2. ``dashscope`` is installed (a user's laptop). Their classes then derive from the
    SDK's own bases and may return the SDK's own output models. We *recognise* those
    classes rather than routing the SDK's paths to ours: routing would hide the package
@@ -96,11 +101,23 @@ def _importing_the_subtree() -> bool:
 
 
 class _SdkAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answers the SDK's module paths with modules holding our implementation."""
+    """Answers the SDK's module paths with modules holding our implementation.
+
+    ``beside_real``: a real ``dashscope`` is installed, but without the subtree (an older
+    SDK pinned for its LLM calls). Last on ``sys.meta_path``, the finder is then asked only
+    for names the real package lacks, and answers only those under ``dashscope.finetune``.
+    """
+
+    def __init__(self, beside_real: bool = False) -> None:
+        self.beside_real = beside_real
 
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if self.beside_real and not (
+            fullname == _PARENTS[1] or fullname.startswith(_PARENTS[1] + ".")
+        ):
+            return None  # the real package's own names, found or not, are its business
         if fullname in _PARENTS:
             if not _importing_the_subtree():
                 return None  # as if absent: a probe for the SDK finds nothing
@@ -110,6 +127,8 @@ class _SdkAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 fullname, self, origin=_ORIGIN, is_package=fullname in _PACKAGES
             )
         if fullname.startswith(_PARENTS[0] + "."):  # only reached below our own parents
+            if self.beside_real:
+                return None
             raise ModuleNotFoundError(_absent(f"No module named {fullname!r}"), name=fullname)
         return None
 
@@ -118,11 +137,45 @@ class _SdkAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         if module.__name__ in _PARENTS:
-            module.__getattr__ = _parent_getattr(module.__name__)  # type: ignore[attr-defined]
+            getattr_ = _beside_real_getattr if self.beside_real else _parent_getattr
+            module.__getattr__ = getattr_(module.__name__)  # type: ignore[attr-defined]
             return
         names = exports(module.__name__)
         module.__dict__.update(names)
         module.__all__ = sorted(names)
+
+
+def _beside_real_getattr(module_name: str) -> Any:
+    def __getattr__(name: str) -> NoReturn:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        raise AttributeError(
+            f"{module_name}.{name} is not available: the installed dashscope has no "
+            f"{module_name}; agentic-rl-runtime provides only {SDK} beside it",
+            name=name,
+        )
+
+    return __getattr__
+
+
+def _real_has_the_subtree() -> bool:
+    """Whether the installed ``dashscope`` has ``finetune.reinforcement``: looked up on
+    disk, without importing the package (importing it is slow and has side effects)."""
+    if SDK in sys.modules:
+        return True
+    real = sys.modules.get("dashscope")
+    locations = getattr(real, "__path__", None)
+    if locations is None:
+        spec = importlib.util.find_spec("dashscope")
+        locations = spec.submodule_search_locations if spec is not None else None
+    for name in (_PARENTS[1], SDK):
+        if locations is None:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
+        if spec is None:
+            return False
+        locations = spec.submodule_search_locations
+    return True
 
 
 def installed() -> bool:
@@ -130,14 +183,19 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Serve the SDK's import paths from this project, unless a real SDK is installed.
+    """Serve the SDK's import paths from this project, unless a real SDK provides them.
 
-    Returns whether the aliases are in place. Idempotent.
+    A real ``dashscope`` with the subtree is left alone (its classes are recognised, see
+    ``recognise()``); one without it (an older SDK) gets the subtree beside it. Returns
+    whether the aliases are in place. Idempotent.
     """
     if installed():
         return True
     if "dashscope" in sys.modules or importlib.util.find_spec("dashscope") is not None:
-        return False  # a real SDK: its classes are recognised instead (see recognise())
+        if _real_has_the_subtree():
+            return False
+        sys.meta_path.append(_SdkAliases(beside_real=True))
+        return True
     sys.meta_path.append(_SdkAliases())
     return True
 

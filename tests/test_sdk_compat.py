@@ -231,7 +231,54 @@ def test_a_real_dashscope_is_never_hidden(tmp_path):
         "import dashscope\n"
         "print(installed, dashscope.REAL)\n"
     )
-    assert python_says(code) == "False True"
+    # installed: the subtree this dashscope lacks is provided beside it (next test)
+    assert python_says(code) == "True True"
+
+
+@pytest.mark.parametrize("has_finetune", [False, True])
+def test_an_older_dashscope_without_the_subtree_gets_it_beside_it(tmp_path, has_finetune):
+    # An older SDK pinned for its LLM calls: the workspace must still import and serve.
+    fake = tmp_path / "dashscope"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("REAL = True\n")
+    (fake / "audio.py").write_text("SPEECH = 1\n")
+    if has_finetune:
+        (fake / "finetune").mkdir()
+        (fake / "finetune" / "__init__.py").write_text("OLD_FINETUNE = True\n")
+    code = textwrap.dedent(f"""
+        import importlib, json, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from runtime import sdk_compat
+        out = {{"installed": sdk_compat.install()}}
+        import dashscope, dashscope.audio
+        from dashscope.finetune.reinforcement import AbstractRewardProcessor
+        from dashscope.finetune.reinforcement.component.func_decorator import reward_func
+        out["real"] = [dashscope.REAL, dashscope.audio.SPEECH]
+        out["ours"] = [AbstractRewardProcessor.__module__, reward_func.__module__]
+        try:
+            importlib.import_module("dashscope.nothing")
+        except ModuleNotFoundError as exc:
+            out["missing"] = str(exc)
+        print(json.dumps(out))
+    """)
+    out = json.loads(python_says(code))
+    assert out["installed"] is True and out["real"] == [True, 1]
+    assert out["ours"] == ["processors_base.processors", "processors_base.rewards"]
+    assert out["missing"] == "No module named 'dashscope.nothing'"  # the real package's own
+
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(REWARD))
+    target = "functions.composite_reward:CompositeReward"
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "invoke", target, "--input", str(request)],
+        cwd=WORKSPACE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "success"
 
 
 @without_sdk
