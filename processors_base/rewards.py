@@ -12,20 +12,23 @@
         def combine(self, sub_rewards): ...
 
 The decorators only tag functions; nothing is wrapped, so a sub-reward stays an
-ordinary method. The registry of a class is read once from its MRO, frozen, and cached
-on the class: instances share no mutable state through it. Roles follow attribute
-lookup: a subclass that redefines a sub-reward or the aggregate without the decorator
-keeps its role (the override is what runs), and one that sets the name to a
-non-callable (``b = None``) removes it. Whether each runs async is decided when it is
-called (``processors_base.dispatch``), so a sync method behind an async wrapper, or an
-async override of a sync parent, is awaited as it should be.
+ordinary method. The registry of a class is collected as the SDK collects it (the
+public names of ``dir(cls)``, sorted, each as attribute lookup finds it: an override
+without the decorator has no role, ``b = None`` neither, and of two sub-rewards of one
+name the later wins), once per class, frozen and cached on it. The sub-rewards run
+concurrently; their outputs are handed on in that name order and summed in it with the
+weights read from ``self.reward_meta``, so the total is the SDK's to the last bit.
+Whether each runs async is decided when it is called (``processors_base.dispatch``).
 
 A failed sub-reward (it raised, returned a non-finite score, or returned status
 ``failed``) is never silent: it is logged with its traceback (once per
 ``SubRewardErrors.log_every`` seconds per sub-reward), reported to the runtime's
-counter, and marked ``"<name>.failed": 1.0`` in the default result. What it does to the
-result is the mode: ``zero`` (the SDK's semantics: it scores 0, the result succeeds) or
-``fail`` (the whole result fails with ``SUB_REWARD_ERROR``, naming each failed one).
+counter, and marked ``"<name>.failed": 1.0`` in the default result. An aggregate sees
+what the SDK's sees (for one that raised: score 0.0, ``reward_metrics={}``,
+``error=str(exc)``). What it does to the result is the mode: ``zero`` (the SDK's
+semantics: it counts with its score, 0 for one that raised) or ``fail`` (the whole result
+fails with ``SUB_REWARD_ERROR``, naming each failed one). A sub-reward that returns no
+reward at all (None) raises ``InvalidSubRewardOutput`` out of ``process``.
 """
 
 from __future__ import annotations
