@@ -433,11 +433,7 @@ def get_weights_from_file(filepath: str, classname: str = "") -> dict[str, float
     if path is None or not path.is_file():
         logging.getLogger("processors").error("file not found: %s", filepath)
         return {}
-    try:
-        return extract_reward_weights(path.read_text(encoding="utf-8"), classname)
-    except SyntaxError as exc:
-        logging.getLogger("processors").error("cannot parse %s: %s", filepath, exc)
-        return {}
+    return extract_reward_weights(path.read_text(encoding="utf-8"), classname)
 
 
 UTILS = {
