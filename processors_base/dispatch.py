@@ -15,11 +15,32 @@ from typing import Any
 
 import anyio.to_thread
 
-__all__ = ["Offload", "call", "call_function"]
+__all__ = ["Offload", "call", "call_function", "is_async"]
 
 # A runtime's way to run sync user code off the loop: ``await offload(attr, arg)`` runs
 # ``getattr(processor, attr)(arg)`` (in a bounded thread pool, or a child process).
 Offload = Callable[[str, Any], Awaitable[Any]]
+
+# Whether a function is a coroutine function never changes, and asking ``inspect`` costs
+# more than a request's whole dispatch: the answer is kept per function (bounded, since a
+# callable object made per call would otherwise pile up).
+_async_functions: dict[Any, bool] = {}
+_CACHE_LIMIT = 4096
+
+
+def is_async(func: Callable[..., Any]) -> bool:
+    """``inspect.iscoroutinefunction(func)``, remembered per underlying function."""
+    key = getattr(func, "__func__", func)  # a bound method: its function
+    try:
+        return _async_functions[key]
+    except KeyError:
+        found = inspect.iscoroutinefunction(func)
+        if len(_async_functions) >= _CACHE_LIMIT:
+            _async_functions.clear()
+        _async_functions[key] = found
+        return found
+    except TypeError:  # unhashable
+        return inspect.iscoroutinefunction(func)
 
 
 async def call(owner: Any, attr: str, arg: Any, offload: Offload | None = None) -> Any:
@@ -29,7 +50,7 @@ async def call(owner: Any, attr: str, arg: Any, offload: Offload | None = None) 
     is used, and failing that anyio's worker threads.
     """
     func = getattr(owner, attr)
-    if inspect.iscoroutinefunction(func):
+    if is_async(func):
         return await func(arg)
     if offload is None:
         offload = getattr(owner, "_runtime_offload", None)
@@ -49,7 +70,7 @@ async def call_function(
 ) -> Any:
     """``func(*args)`` with the same rules; sync code runs by ``await run_sync(func, *args)``
     (a runtime's bounded pool), or in anyio's worker threads."""
-    if inspect.iscoroutinefunction(func):
+    if is_async(func):
         return await func(*args)
     if run_sync is not None:
         result = await run_sync(func, *args)
