@@ -8,6 +8,7 @@ runtime runs async ones on the event loop and sync ones in its bounded thread po
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -66,6 +67,15 @@ class AbstractRolloutProcessor(AbstractProcessor):
     def process(self, input_data: RolloutInput) -> RolloutOutput: ...
 
 
+class _ContextThreadPool(ThreadPoolExecutor):
+    """A thread pool whose tasks run in the submitter's context (contextvars), so work a
+    request hands to ``self.executor`` keeps its request's ids and secrets (blanked from
+    what that work logs), as the runtime's own threads do."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
 class AbstractRewardProcessor(AbstractProcessor):
     """Scores one trajectory, directly or through ``@reward_func`` sub-rewards."""
 
@@ -91,7 +101,7 @@ class AbstractRewardProcessor(AbstractProcessor):
             with _EXECUTOR_LOCK:  # two sub-rewards asking at once get the same pool
                 executor = self.__dict__.get("_executor")
                 if executor is None:
-                    executor = ThreadPoolExecutor(thread_name_prefix=f"{type(self).__name__}")
+                    executor = _ContextThreadPool(thread_name_prefix=f"{type(self).__name__}")
                     self.__dict__["_executor"] = executor
                     self.__dict__["_executor_owned"] = True
         return executor

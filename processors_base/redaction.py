@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import functools
 import re
+import threading
 from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
@@ -27,6 +28,7 @@ from urllib.parse import quote, quote_plus
 __all__ = [
     "REDACTED",
     "Secrets",
+    "in_flight",
     "redact",
     "request_secrets",
     "scrub_credentials",
@@ -77,6 +79,38 @@ _NONE = Secrets()
 request_secrets: ContextVar[tuple[str, ...]] = ContextVar("request_secrets", default=())
 
 
+class _InFlight:
+    """The secrets of every request in flight in this process, for text written where no
+    request's context is visible (a thread the runtime did not start, a warning): the
+    request path adds and removes its own (a counted set, a lock held for a dict update);
+    readers take an immutable snapshot without locking."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.snapshot: Secrets = Secrets()
+
+    def add(self, secrets: tuple[str, ...]) -> None:
+        with self._lock:
+            for secret in secrets:
+                count = self._counts.get(secret, 0)
+                self._counts[secret] = count + 1
+                if not count:
+                    self.snapshot = Secrets(self._counts)
+
+    def discard(self, secrets: tuple[str, ...]) -> None:
+        with self._lock:
+            for secret in secrets:
+                count = self._counts.pop(secret, 0) - 1
+                if count > 0:
+                    self._counts[secret] = count
+                else:
+                    self.snapshot = Secrets(self._counts)
+
+
+in_flight = _InFlight()
+
+
 def _derive(secrets: Iterable[str]) -> tuple[str, ...]:
     forms: set[str] = set()
     for secret in secrets:
@@ -89,8 +123,11 @@ def _derive(secrets: Iterable[str]) -> tuple[str, ...]:
 def _forms_of(secret: str) -> frozenset[str]:
     forms = {secret}
     derived = {quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    derived |= {quote(text, safe="") for text in derived}  # encoded twice: %252F
     derived |= {_lower_hex(text) for text in derived}
     raw = secret.encode()
+    # MIME base64 (base64.encodebytes): a line break every 76 characters
+    derived.add(base64.encodebytes(raw).decode().rstrip("\n"))
     for encode in (base64.b64encode, base64.urlsafe_b64encode):
         derived.add(encode(raw).decode())
         # Inside a longer base64 text the secret's encoding depends on its offset
@@ -118,9 +155,17 @@ _CREDENTIALS = re.compile(
     r"|(?P<bearer>(?i:bearer)\s+)[A-Za-z0-9\-._~+/]{8,}=*"
     # the userinfo of a URL: scheme://user:password@host
     r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@\"']+@"
-    # secret-named query parameters: ?key=..., &access_token=...
-    r"|(?P<param>[?&](?i:api[_-]?key|key|token|access[_-]?token|password|secret|sig|signature)=)"
-    r"[^&#\s\"']+"
+    # secret-named query parameters: ?key=..., &access_token=..., &X-Amz-Signature=...
+    r"|(?P<param>[?&](?i:api[_-]?key|key|token|access[_-]?token|password|secret|sig|signature"
+    r"|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&#\s\"']+"
+    # secrets of a connection string: ...;AccountKey=...;Password=...
+    r"|(?P<conn>(?i:accountkey|sharedaccesskey|sharedaccesssignature|password|pwd)=)[^;&\s\"']+"
+    # a "Token" scheme value (with a digit: prose such as "Token generation" stays)
+    r"|(?P<token>\bToken\s+)(?=[A-Za-z\-._~+/]*[0-9])[A-Za-z0-9\-._~+/]{16,}=*"
+    # a JSON Web Token: header.payload.signature, both first parts JSON objects in base64url
+    r"|(?P<jwt>)eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
+    # a PEM private key, whole
+    r"|(?P<pem>)-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
 )
 
 
@@ -131,7 +176,12 @@ def _may_hold_credentials(text: str) -> bool:
         or "UTHORIZATION" in text
         or "earer" in text
         or "EARER" in text
-        or ("=" in text and ("?" in text or "&" in text))
+        or ("=" in text and ("?" in text or "&" in text or ";" in text))
+        or "eyJ" in text
+        or "Token" in text
+        or "PRIVATE KEY" in text
+        or "ccountKey" in text
+        or "assword=" in text
     )
 
 
@@ -157,6 +207,8 @@ def redact(
     """``text`` with the request's secrets (all their forms) and, unless ``credentials`` is
     false, credential-shaped values blanked. ``secrets`` defaults to the current request's."""
     found = request_secrets.get() if secrets is None else secrets
+    if not found and secrets is None:  # no request's context here: all requests' secrets
+        found = in_flight.snapshot
     if found:
         for form in secret_forms(found):
             if form in text:

@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from processors_base.observability.processor import record_output
+from processors_base.redaction import in_flight
 from runtime import errors
 from runtime.admission import Admission
 from runtime.config import Settings
@@ -46,6 +47,7 @@ SHUTDOWN_HOOK_LIMIT = 10.0  # seconds for the user's shutdown() at stop
 _JSON = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
 _RETRY_AFTER = (b"retry-after", b"1")
+_API_PATHS = ("/api/v1", "/api/v1/")
 
 
 class _ClientGone(Exception):
@@ -224,6 +226,12 @@ class FunctionApp:
             await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
             self._finish(scope, started, 503, code, message, None)
             return
+        if self.function.threads.stuck + self.stuck_tasks >= self.settings.threads:
+            # every thread is held by a stuck call: answered now, not at --timeout
+            message = f"unhealthy: {self._stuck_reason()}"
+            await _send(send, 503, errors.error_body(errors.UNHEALTHY, message), _RETRY_AFTER)
+            self._finish(scope, started, 503, errors.UNHEALTHY, message, None)
+            return
         admission = self.admission
         # Full: answered before reading a body. Else admitted only once the body is in, so
         # a client slow to send never holds the place of one that is ready.
@@ -250,10 +258,14 @@ class FunctionApp:
         asgi_send, send = send, interrupt.send
         status, code, message = 200, "", ""
         error: BaseException | None = None  # user code's exception: its traceback is logged
+        secrets: tuple[str, ...] = ()
         try:
             try:
                 input_data = function.parse(body)
-                bind_secrets(input_data)  # blanked from this request's logs, bodies and spans
+                # blanked from this request's logs, bodies and spans; and, while it runs,
+                # from lines logged where its context is not visible (threads of user code)
+                if secrets := bind_secrets(input_data):
+                    in_flight.add(secrets)
                 interrupt.input_data = input_data
                 interrupt.watch(receive)  # only now may another task wait on receive()
                 await admission.acquire_slot()
@@ -302,14 +314,18 @@ class FunctionApp:
             await _send(send, 500, function.failure(code, f"{message}: {type(exc).__name__}"))
         finally:
             interrupt.close()
+            if secrets:
+                in_flight.discard(secrets)
             admission.release_body(len(body))  # when the task ends: until then it holds it
             if interrupt.abandoned:  # _overdue has ended the request; its task ends only now
                 self._stuck_task_ended(interrupt)
             else:
                 admission.leave()
+                ended = None
                 if interrupt.late:  # the client got that answer, whatever came after it
                     status, code, message = interrupt.late
-                self._finish(scope, started, status, code, message, input_data, error)
+                    ended = interrupt.answered_at
+                self._finish(scope, started, status, code, message, input_data, error, ended)
         if self.tracing is not None and self.tracing.flush_each_request:
             # after the response: a short-lived instance loses no span, the client waits for none
             await anyio.to_thread.run_sync(self.tracing.flush)
@@ -335,6 +351,7 @@ class FunctionApp:
             else:  # the server stops and the request ran past --grace
                 interrupt.late = (503, errors.DRAINING, self._past_grace)
                 body, extra = errors.error_body(errors.DRAINING, self._past_grace), _RETRY_AFTER
+            interrupt.answered_at = perf_counter()  # its latency: when the client got it
             with contextlib.suppress(Exception):  # the client may be gone
                 await _send(interrupt._asgi_send, interrupt.late[0], body, extra)
         await asyncio.wait((task,), timeout=interrupt.STUCK_AFTER)
@@ -349,9 +366,16 @@ class FunctionApp:
         else:
             status, code = 499, errors.CLIENT_DISCONNECTED
             message = "client disconnected; processing was cancelled"
-        self._finish(
-            interrupt.scope, interrupt.started, status, code, message, interrupt.input_data
-        )
+        if interrupt.scope["path"] in _API_PATHS:  # a trainer route counts its samples itself
+            self._finish(
+                interrupt.scope,
+                interrupt.started,
+                status,
+                code,
+                message,
+                interrupt.input_data,
+                ended=interrupt.answered_at,
+            )
         log.warning(
             "process() ignores its cancellation and runs on %gs after its request was "
             "cancelled; it stays cancelled and is counted as stuck until it ends (%d stuck now)",
@@ -386,8 +410,9 @@ class FunctionApp:
         message: str,
         input_data: Any,
         error: BaseException | None = None,
+        ended: float | None = None,  # when the answer went out, if not now (a late answer)
     ) -> None:
-        elapsed = perf_counter() - started
+        elapsed = (ended or perf_counter()) - started
         self.metrics.observe(status, elapsed)
         if status != 200:
             self._request_log.failure(scope, status, elapsed, code, message, input_data, error)
@@ -411,20 +436,17 @@ class FunctionApp:
         return None
 
     async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
-        """Read within --body-timeout, and hold (in the admission's body budget) what the
-        Content-Length announces, or else each chunk as it arrives."""
+        """Read within --body-timeout, holding (in the admission's body budget) the bytes
+        received so far: a client that announces a large body and stalls holds only what it
+        sent, so slow senders cannot starve ready ones. A small body is one chunk, one charge."""
         max_body = self._max_body
         admission = self.admission
         held = 0
         for name, value in scope["headers"]:
             if name == b"content-length":
-                held = int(value)
-                if held > max_body:
+                if int(value) > max_body:
                     raise _too_large(max_body)
                 break
-        chunked = held == 0
-        if not admission.hold_body(held):
-            raise _over_budget(admission.buffered)
         deadlines = self._body_deadlines
         task = deadlines.start()
         try:
@@ -432,24 +454,20 @@ class FunctionApp:
             if message["type"] != "http.request":
                 raise _ClientGone
             body = message.get("body", b"")
-            if chunked:
-                held = self._hold_more(held, len(body))
+            if len(body) > max_body:
+                raise _too_large(max_body)
+            held = self._hold_more(held, len(body))
             if not message.get("more_body", False):
-                if len(body) > max_body:
-                    raise _too_large(max_body)
                 return body
             chunks = [body]
-            size = len(body)
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
                     raise _ClientGone
                 chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > max_body:
+                if held + len(chunk) > max_body:
                     raise _too_large(max_body)
-                if chunked:
-                    held = self._hold_more(held, len(chunk))
+                held = self._hold_more(held, len(chunk))
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(chunks)
@@ -481,6 +499,8 @@ class FunctionApp:
             if self.state == STARTING:
                 return errors.NOT_READY, "the function is starting: setup() has not finished"
             return errors.DRAINING, "the function is shutting down"
+        if self.function.threads.stuck + self.stuck_tasks >= self.settings.threads:
+            return errors.UNHEALTHY, f"unhealthy: {self._stuck_reason()}"
         for admitted in range(count):
             if not self.admission.try_admit():
                 for _ in range(admitted):
@@ -556,6 +576,7 @@ class _Interrupt:
         "_watch_timer",
         "_watcher",
         "abandoned",
+        "answered_at",
         "in_slot",
         "input_data",
         "late",
@@ -587,6 +608,7 @@ class _Interrupt:
         self.reason = ""
         # (status, code, message) of the answer _overdue sent, if it did
         self.late: tuple[int, str, str] | None = None
+        self.answered_at: float | None = None  # perf_counter() when that answer was sent
         app._live.add(self)
         self.responded = self.in_slot = self.abandoned = False
         self._deadline = loop.call_later(

@@ -37,6 +37,7 @@ INTERNAL_ERROR = "INTERNAL_ERROR"
 OVERLOADED = "OVERLOADED"
 NOT_READY = "NOT_READY"
 DRAINING = "DRAINING"
+UNHEALTHY = "UNHEALTHY"  # set up, but every --threads thread is stuck: /health says why
 # setup() or the processor's constructor failed: the server stops (exit code 3)
 SETUP_FAILED = "SETUP_FAILED"
 # 504
@@ -55,9 +56,30 @@ def safe_text(text: str) -> str:
     return text
 
 
+MAX_MESSAGE = 8 * 1024  # characters of a message in a body (it is there three times)
+
+
+def cap(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` cut to ``limit`` characters, marked as cut (a huge exception message would
+    otherwise make a body three times its size)."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... [{len(message) - limit} characters cut]"
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of a user exception, even when its ``__str__`` raises or returns a
+    non-string (that is still the user's failure, never the runtime's)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}"
+
+
 def fields(code: str, message: str, detail: Any = None) -> dict[str, Any]:
     """The error fields every error body carries."""
-    message = safe_text(message)
+    message = safe_text(cap(message))
     return {
         "status": "failed",
         "error": message,

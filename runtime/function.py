@@ -75,7 +75,7 @@ class Function:
             self.processor = target.cls()
         except (Exception, SystemExit) as exc:  # sys.exit() in __init__: a failed setup too
             raise ProcessorFailure(
-                errors.SETUP_FAILED, f"{target.name}() failed: {type(exc).__name__}: {exc}"
+                errors.SETUP_FAILED, f"{target.name}() failed: {errors.describe(exc)}"
             ) from exc
         # Only decides where setup() runs with process isolation; each call decides anew.
         self._process_is_async = inspect.iscoroutinefunction(self.processor.process)
@@ -125,7 +125,7 @@ class Function:
                 raise
             raise ProcessorFailure(
                 errors.SETUP_FAILED,
-                f"{self.target.name}.setup() failed: {type(exc).__name__}: {exc}",
+                f"{self.target.name}.setup() failed: {errors.describe(exc)}",
             ) from exc
 
     async def shutdown(self, run_hook: bool = True) -> None:
@@ -190,7 +190,7 @@ class Function:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a failed request
             if _cancelled(exc):
                 raise
-            message = f"{type(exc).__name__}: {exc}"
+            message = errors.describe(exc)
             raise ProcessorFailure(errors.PROCESSOR_ERROR, redact(message, input_data)) from exc
         return result
 
@@ -220,6 +220,13 @@ class Function:
                 f"process() returned a non-finite number in {found[0]} ({found[1]}): "
                 "JSON has no NaN or Infinity",
             )
+        # A failed output's error text (a sub-reward's failure, or one process() returned
+        # itself) leaves in a body: blanked of secrets like the runtime's own error messages.
+        error = result.__dict__.get("error")
+        if error and isinstance(error, str):
+            cleaned = redact(error, None)
+            if cleaned != error:
+                result = result.model_copy(update={"error": cleaned})
         return result
 
     def _coerce(self, result: Any) -> BaseModel:

@@ -36,6 +36,7 @@ import processors_base
 import runtime
 from processors_base.models import BaseDataModel
 from processors_base.redaction import Secrets, redact, request_secrets
+from runtime.errors import safe_text
 
 __all__ = [
     "RequestLog",
@@ -53,13 +54,15 @@ ID_LIMIT = 128  # characters of one id in a request line
 MASK = "**********"  # what a secret becomes in a log line, as in an error body
 
 
-def bind_secrets(input_data: Any) -> None:
+def bind_secrets(input_data: Any) -> Secrets:
     """Make ``input_data``'s api_key the current request's secret, blanked from every log
     line, error body and span of the request. Called by the app once the request is parsed;
-    each request runs in its own task, whose context (and so this binding) ends with it."""
+    each request runs in its own task, whose context (and so this binding) ends with it.
+    Returns the secrets (the app also lists them as in flight: see redaction.in_flight)."""
     secrets = Secrets.of(input_data)
     if secrets:
         request_secrets.set(secrets)
+    return secrets
 
 
 def setup_logging(level: str, log_format: str = "text") -> None:
@@ -69,6 +72,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning, error)")
     if _listener is None:
+        logging.captureWarnings(True)  # warnings.warn text goes through the scrubbing too
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(_JsonFormatter() if log_format == "json" else _TextFormatter(_FORMAT))
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
@@ -175,7 +179,18 @@ class _JsonFormatter(logging.Formatter):
             entry["traceback"] = record.exc_text
         if record.stack_info:
             entry["stack"] = record.stack_info
-        return orjson.dumps(entry, default=str).decode()
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except TypeError:  # a lone surrogate (text decoded with surrogateescape): escaped
+            return orjson.dumps(_valid_utf8(entry), default=lambda v: safe_text(str(v))).decode()
+
+
+def _valid_utf8(value: Any) -> Any:
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(str(k)): _valid_utf8(v) for k, v in value.items()}
+    return value
 
 
 # --- tracebacks of user code ----------------------------------------------------------

@@ -168,6 +168,9 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
             read_timeout=settings.body_timeout,
         ),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        # No WebSockets: an upgrade request is a plain HTTP request, answered by our routes
+        # (uvicorn would answer it text/plain 500 with an ERROR line).
+        ws="none",
         **extra,
     )
 

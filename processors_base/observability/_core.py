@@ -107,15 +107,21 @@ _SECRET_PARTS = (
     "privatekey",
     "sessionid",
     "sessionkey",
+    "passphrase",
+    "authheader",
+    "connstr",
+    "connectionstring",
+    "accountkey",
+    "signature",
 )
-_SECRET_NAMES = frozenset({"auth", "key", "pwd", "dsn", "session", "sig", "signature"})
+_SECRET_NAMES = frozenset({"auth", "key", "pwd", "pass", "dsn", "session", "sig"})
 
 
 def is_secret_key(key: str) -> bool:
     normal = key.lower().replace("-", "").replace("_", "")
     return (
         normal in _SECRET_NAMES
-        or normal.endswith("token")
+        or normal.endswith(("token", "auth"))  # basic_auth, http_auth, proxy_auth
         or any(part in normal for part in _SECRET_PARTS)
     )
 

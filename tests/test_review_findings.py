@@ -1,0 +1,166 @@
+"""Findings of an outside review, each against the real server (a subprocess): the body
+budget, secrets in 200 bodies and in lines logged from foreign threads, the JSON log
+format, WebSocket upgrades, huge and unprintable error messages, a worker whose threads
+are all stuck, late answers on the trainer routes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import quote
+
+import pytest
+from conftest import Server, reward_body
+
+FNS = "workspace.review_fns"
+KEY = "sk-Zm9v/YmFy+baz=qux0123"
+
+
+def keyed(**extra: object) -> dict:
+    return {**reward_body(**extra), "model_resource": {"model_name": "m", "api_key": KEY}}
+
+
+def assert_no_key(text: str) -> None:
+    for form in (KEY, quote(KEY, safe=""), quote(KEY)):
+        assert form not in text, text[-3000:]
+
+
+def metric_lines(server: Server, name: str) -> list[str]:
+    text = server.client.get("/metrics").text
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+# --- 1: the body budget charges bytes received, not bytes announced ----------------------
+
+
+def test_stalled_large_announcements_do_not_starve_real_requests(start_server):
+    server = start_server(f"{FNS}:SleepsSync", "--max-body", "1000000", "--max-buffered", "2000000")
+    stalled = []
+    for _ in range(8):  # each announces a whole --max-body and sends one byte
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(
+            b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000\r\n\r\n{"
+        )
+        stalled.append(sock)
+    try:
+        # the stalled bodies' first bytes have reached the app once /metrics can be read
+        server.client.get("/metrics")
+        for _ in range(5):
+            response = server.post(reward_body())
+            assert response.status_code == 200, response.text
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+# --- 2: secrets in a 200 body's error ----------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["KeyInSubRewardError", "ReturnsFailedWithKey"])
+def test_a_failed_outputs_error_never_carries_the_key(start_server, target):
+    server = start_server(f"{FNS}:{target}", "--sub-reward-errors", "fail")
+    response = server.post(keyed())
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "failed" and body["error"]
+    assert_no_key(response.text)
+    assert "**********" in body["error"]
+
+
+# --- 4, 5: lines logged from threads the runtime did not start; the JSON log format ------
+
+
+def test_foreign_threads_and_warnings_are_scrubbed_and_json_lines_never_break(start_server):
+    server = start_server(f"{FNS}:LogsFromForeignThreads", "--log-format", "json")
+    assert server.post(keyed()).status_code == 200
+    output = server.wait_output("surrogate")
+    for text in ("executor", "default pool", "own thread", "warned"):
+        server.wait_output(text)
+    output = server.output()
+    assert_no_key(output)
+    assert "Logging error" not in output
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    messages = " ".join(line["message"] for line in lines)
+    for text in ("executor **********", "default pool **********", "own thread **********"):
+        assert text in messages, messages
+    assert "warned **********" in messages
+    assert "surrogate \\udcff end" in messages
+
+
+# --- 8: WebSocket upgrades --------------------------------------------------------------
+
+
+def test_a_websocket_upgrade_is_a_plain_json_answer(start_server):
+    pytest.importorskip("websockets")  # installed (test extra): uvicorn would then use it
+    server = start_server(f"{FNS}:SleepsSync")
+    headers = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    for path in ("/health", "/api/v1", "/nowhere"):
+        response = server.client.get(path, headers=headers)
+        assert response.headers["content-type"] == "application/json", (path, response.text)
+        assert response.status_code in (200, 404, 405)
+    assert " ERROR " not in server.output()
+
+
+# --- 11, 14: huge and unprintable exception messages -------------------------------------
+
+
+def test_a_huge_exception_message_makes_a_small_body(start_server):
+    server = start_server(f"{FNS}:HugeError")
+    response = server.post(reward_body())
+    assert response.status_code == 500
+    assert len(response.content) < 40_000
+    assert "characters cut]" in response.json()["error"]
+
+
+@pytest.mark.parametrize("kind", ["raises", "none"])
+def test_an_unprintable_user_exception_is_a_processor_error(start_server, kind):
+    server = start_server(f"{FNS}:OddExceptions")
+    body = server.post(reward_body(kind=kind)).json()
+    assert body["error_code"] == "PROCESSOR_ERROR", body
+    assert "<unprintable>" in body["error"]
+
+
+# --- 15: every thread stuck: /api/v1 answers 503 at once ---------------------------------
+
+
+def test_with_every_thread_stuck_requests_are_refused_at_once(start_server):
+    server = start_server(f"{FNS}:SleepsSync", "--threads", "1", "--timeout", "1")
+    assert server.post(reward_body(sleep=20)).status_code == 504
+    deadline = time.monotonic() + 30
+    while server.client.get("/health").status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started = time.monotonic()
+    response = server.post(reward_body())
+    assert time.monotonic() - started < 0.9  # not at --timeout
+    assert response.status_code == 503, response.text
+    assert response.json()["error_code"] == "UNHEALTHY"
+    assert response.headers["retry-after"] == "1"
+
+
+# --- 7, 17: late answers ----------------------------------------------------------------
+
+
+def test_a_trainer_sample_that_swallows_cancellation_is_no_api_v1_504(start_server):
+    server = start_server(f"{FNS}:SwallowsCancellation", "--timeout", "1")
+    answer = server.client.post("/slime/reward", json={"prompt": "p", "response": "x"})
+    assert answer.status_code == 200 and answer.json() == 0.0  # slime without a reward key
+    server.wait_output("ignores its cancellation")
+    assert "POST /api/v1" not in server.output()
+    assert not [m for m in metric_lines(server, "rl_function_requests_total") if "504" in m]
+
+
+def test_a_late_answers_latency_is_when_it_was_sent(start_server):
+    server = start_server(f"{FNS}:SwallowsCancellation", "--timeout", "1", "--log-format", "json")
+    response = server.post(reward_body(hold=3))
+    assert response.status_code == 504
+    output = server.wait_output('"status":504')
+    line = next(json.loads(x) for x in output.splitlines() if '"status":504' in x)
+    assert line["elapsed_ms"] < 2000, line  # answered at 1 s; the task ran on to 3 s
