@@ -28,7 +28,7 @@ from runtime.function import Function, ProcessorFailure
 from runtime.loading import TargetError, load_target
 from runtime.logs import setup_logging
 from runtime.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
-from runtime.supervisor import Heartbeat, supervise
+from runtime.supervisor import STOPPED, Heartbeat, supervise
 from runtime.tracing import Tracing
 
 __all__ = ["Server", "run_worker", "serve"]
@@ -71,6 +71,10 @@ class Server(uvicorn.Server):
         await super()._serve(sockets)
         # A signal we handled ends in a clean exit 0, not a re-raised SIGTERM.
         self._captured_signals.clear()
+        if self.heartbeat is not None:  # stopped: what follows (exiting) is no blocked loop
+            if self._beating is not None:
+                self._beating.cancel()
+            self.heartbeat.beat(STOPPED)
         app = self._function_app()
         if app is not None and (app.stuck_tasks or app.admission.admitted):
             await self._exit_past_stuck_tasks(app)

@@ -12,7 +12,8 @@ the target, runs setup() and serves. The supervisor:
   drains on its own (one that found itself unhealthy stops itself, runtime.server), not
   only once it has exited; both read a heartbeat the worker's loop writes to shared memory;
 - on SIGTERM/SIGINT signals every worker at once and gives them one ``--grace`` in all,
-  not one each: past it, a worker whose loop is blocked (it cannot drain) is killed, and
+  not one each: past it, a worker whose loop is blocked (it cannot drain) is killed (not
+  one whose server has stopped and whose loop has ended: it said so, "stopped"), and
   the others get ``SHUTDOWN_SLACK`` more for their shutdown() hooks;
 - dies with its workers: each holds the read end of a pipe only the supervisor writes to,
   and stops (drains, then exits within the same bound) when it reads end-of-file, which
@@ -62,6 +63,7 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0  # seconds before restarting such a worke
 # supervisor's kill is only the backstop for a worker that fails to bound itself.
 SHUTDOWN_SLACK = 30.0
 SILENT = 1.0  # seconds without a beat: a loop that is blocked now, not merely busy
+STOPPED = "stopped"  # a worker's last beat once its server has stopped: silence is no block
 _TICK = 0.1
 
 
@@ -71,7 +73,7 @@ class Heartbeat:
     delay a decision by a tick."""
 
     INTERVAL = 0.25  # seconds between beats
-    STATES = ("starting", "healthy", "draining", "unhealthy")
+    STATES = ("starting", "healthy", "draining", "unhealthy", "stopped")
 
     def __init__(self, context: SpawnContext) -> None:
         self._stamp = context.RawValue(ctypes.c_double, 0.0)
@@ -303,7 +305,9 @@ class _Supervisor:
         deadline = grace_end + SHUTDOWN_SLACK
         while any(p.is_alive() for p in processes) and (now := time.monotonic()) < deadline:
             for worker in workers:  # a loop that is blocked cannot drain: no use waiting
-                if worker.process.is_alive():
+                # (one whose loop has ended, "stopped", beats no more but has answered: the
+                # interpreter exiting, asyncio.run waiting for its default pool)
+                if worker.process.is_alive() and worker.heartbeat.state != STOPPED:
                     limit = SILENT if now >= grace_end else self.settings.heartbeat_timeout
                     self.blocked(worker, limit)
             time.sleep(_TICK)

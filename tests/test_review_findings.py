@@ -5,7 +5,9 @@ are all stuck, late answers on the trainer routes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import signal
 import socket
 import time
 from urllib.parse import quote
@@ -164,3 +166,30 @@ def test_a_late_answers_latency_is_when_it_was_sent(start_server):
     output = server.wait_output('"status":504')
     line = next(json.loads(x) for x in output.splitlines() if '"status":504' in x)
     assert line["elapsed_ms"] < 2000, line  # answered at 1 s; the task ran on to 3 s
+
+
+# --- 6: --workers, a stop past --grace ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target, extra",
+    [
+        ("SleepsSync", {"sleep": 8}),
+        ("SwallowsCancellation", {"hold": 8}),
+        ("WaitsInTheDefaultPool", {"sleep": 4}),  # the loop ends, then waits for the pool
+    ],
+    ids=["stuck-sync", "swallowing-async", "default-pool"],
+)
+def test_workers_stopped_past_grace_after_answering_exit_0(start_server, target, extra):
+    server = start_server(f"{FNS}:{target}", "--workers", "2", "--grace", "1")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, reward_body(**extra), timeout=60)
+        deadline = time.monotonic() + 30
+        while "rl_function_requests_in_flight 1.0" not in server.client.get("/metrics").text:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        response = pending.result()
+    assert response.status_code == 503 and response.json()["error_code"] == "DRAINING"
+    assert server.proc.wait(60) == 0, server.output()
+    assert "killing it" not in server.output()

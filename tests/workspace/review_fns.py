@@ -108,3 +108,12 @@ class SwallowsCancellation(AbstractRewardProcessor):
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0.05)
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class WaitsInTheDefaultPool(AbstractRewardProcessor):
+    """Async process() waiting on a sync call in the loop's default thread pool."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        sleep = float(_extra(input_data).get("sleep", 0))
+        await asyncio.get_running_loop().run_in_executor(None, time.sleep, sleep)
+        return RewardOutput(reward=Reward(reward_score=1.0))
