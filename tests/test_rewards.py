@@ -491,3 +491,15 @@ def test_a_sub_reward_that_returns_status_failed_counts_as_failed() -> None:
     result = run(fail)
     assert result.status is TaskStatus.FAILED
     assert result.error == "sub-reward 's' returned status failed: no judge"
+
+
+def test_two_aggregates_the_later_in_name_order_wins() -> None:
+    # The SDK collects every tagged method in sorted name order; the last one is used.
+    @reward_func("two_aggregates")
+    class TwoAggregates(Base):
+        @aggregate_func
+        def z_last(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:
+            return out(7.0)
+
+    assert registry_of(TwoAggregates).aggregate == "z_last"
+    assert run(TwoAggregates()).reward.reward_score == 7.0
