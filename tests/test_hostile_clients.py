@@ -226,8 +226,9 @@ def test_buffered_bodies_are_bounded_by_max_buffered(start_server):
         "--body-timeout",
         "30",
     )
-    # Bytes received are held (not bytes announced): two bodies almost all sent spend it.
-    holding = [_start_body(server, 1_000_000, b" " * 999_900) for _ in range(2)]
+    # Bytes received are held (not bytes announced): two bodies all but 10 bytes sent leave
+    # too little for one more request.
+    holding = [_start_body(server, 1_000_000, b" " * 999_990) for _ in range(2)]
     deadline = time.monotonic() + 30
     while True:  # once the two bodies' bytes are in, the budget is spent
         response = server.post(reward_body())
