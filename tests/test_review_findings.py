@@ -193,3 +193,64 @@ def test_workers_stopped_past_grace_after_answering_exit_0(start_server, target,
     assert response.status_code == 503 and response.json()["error_code"] == "DRAINING"
     assert server.proc.wait(60) == 0, server.output()
     assert "killing it" not in server.output()
+
+
+# --- 12, 13: what capture and the text scrubbing recognise -------------------------------
+
+PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0123456789\n-----END RSA PRIVATE KEY-----"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlLXZhbHVl"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["basic_auth", "http_auth", "proxy_auth", "auth_header", "pass", "passphrase", "conn_str"],
+)
+def test_capture_blanks_values_under_more_secret_names(name):
+    from processors_base.observability._core import capture
+
+    text = capture({name: "hunter2-value", "model": "m"})
+    assert "hunter2-value" not in text and '"model":"m"' in text
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("DefaultEndpointsProtocol=https;AccountName=a;AccountKey=c2VjcmV0a2V5==;E=x", "c2VjcmV0"),
+        ("https://b.s3.example/o?X-Amz-Date=1&X-Amz-Signature=0a1b2c3d4e5f6a7b", "0a1b2c3d"),
+        ("headers: Token 9f8e7d6c5b4a39281706", "9f8e7d6c"),
+        (f"bearer-less token {JWT} in a line", "eyJzdWIi"),
+        (f"key file:\n{PEM}\nend", "MIIEowIB"),
+    ],
+    ids=["conn-str", "x-amz-signature", "token-scheme", "jwt", "pem"],
+)
+def test_credential_shapes_are_blanked_in_text_and_captures(text, secret):
+    from processors_base.observability._core import capture
+    from processors_base.redaction import redact
+
+    assert secret not in redact(text, ())
+    assert secret not in capture({"note": text})
+
+
+def test_prose_that_merely_says_token_is_kept():
+    from processors_base.redaction import redact
+
+    assert redact("Token generation failed: too many tokens", ()) == (
+        "Token generation failed: too many tokens"
+    )
+
+
+def test_mime_base64_and_double_url_encoding_of_the_key_are_blanked():
+    import base64
+
+    from processors_base.redaction import redact
+
+    key = "sk-" + "Zm9v/YmFy+baz=" * 8  # long enough for MIME's line breaks
+    mime = base64.encodebytes(key.encode()).decode()
+    assert "\n" in mime.rstrip("\n")
+    twice = quote(quote(key, safe=""), safe="")
+    assert "%252F" in twice
+    for text in (mime, twice):
+        cleaned = redact(f"sent {text} there", (key,))
+        assert "***" in cleaned
+        for line in text.split():
+            assert line not in cleaned, cleaned
