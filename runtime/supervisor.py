@@ -221,18 +221,21 @@ class _Supervisor:
                 self.failures = 0
             if worker.ready and self.blocked(worker, self.settings.heartbeat_timeout):
                 self.slots[index] = self.start()
-            elif worker.ready and state in ("draining", "unhealthy"):
+            elif worker.ready and state in ("draining", "unhealthy", STOPPED):
                 # Stopping on its own (it found itself unhealthy, or was signalled): its
                 # replacement starts now, not only once its drain is over.
                 log.warning("worker [%s] is %s; starting a replacement", process.pid, state)
-                self.retire(process, now)
+                if state == "unhealthy":  # says so but does not stop by itself
+                    self.terminate(process)
+                self.retiring.append((process, now + self.settings.grace + SHUTDOWN_SLACK))
                 self.slots[index] = self.start()
         self.reap_retiring(now)
 
     def blocked(self, worker: _Worker, limit: float) -> bool:
-        """Kills a worker whose event loop has not beaten for ``limit`` seconds."""
+        """Kills a worker whose event loop has not beaten for ``limit`` seconds (not one
+        whose loop has ended: it said so, and its process is on its way out)."""
         silence = worker.heartbeat.silence()
-        if silence < limit:
+        if silence < limit or worker.heartbeat.state == STOPPED:
             return False
         log.error(
             "worker [%s]: event loop blocked for %.1fs; killing it", worker.process.pid, silence
@@ -281,10 +284,6 @@ class _Supervisor:
         self.exit_code = STARTUP_FAILURE
         self.stop.set()
 
-    def retire(self, process: BaseProcess, now: float) -> None:
-        self.terminate(process)
-        self.retiring.append((process, now + self.settings.grace + SHUTDOWN_SLACK))
-
     def reap_retiring(self, now: float) -> None:
         for entry in list(self.retiring):
             process, deadline = entry
@@ -299,8 +298,11 @@ class _Supervisor:
         """SIGTERM to every worker at once, then one shared deadline for all of them."""
         workers = [w for w in self.slots if w is not None]
         processes = [w.process for w in workers] + [p for p, _ in self.retiring]
-        for process in processes:
-            self.terminate(process)
+        # SIGTERM to each worker still serving: retiring ones stop already, and a "stopped"
+        # one may have its default handler back, so that SIGTERM would kill it.
+        for worker in workers:
+            if worker.heartbeat.state != STOPPED:
+                self.terminate(worker.process)
         grace_end = time.monotonic() + self.settings.grace
         deadline = grace_end + SHUTDOWN_SLACK
         while any(p.is_alive() for p in processes) and (now := time.monotonic()) < deadline:
@@ -317,8 +319,8 @@ class _Supervisor:
             self.kill(process)
         # As a single worker does: exit 0 only if every worker that took requests stopped
         # cleanly (one that was killed, or exited 1 itself, may have left requests unanswered).
-        served = [w.process for w in workers if w.ready] + [p for p, _ in self.retiring]
-        unclean = [p.pid for p in served if p.exitcode != 0]
+        unclean = [w.process.pid for w in workers if w.ready and w.process.exitcode != 0]
+        unclean += [p.pid for p, _ in self.retiring if p.exitcode == -signal.SIGKILL]
         if unclean and not self.exit_code:
             log.error("workers %s did not stop cleanly; exiting 1", unclean)
             self.exit_code = 1
