@@ -33,6 +33,7 @@ from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_secrets
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
+from runtime.protocol import REJECTED
 from runtime.sdk_alias.parsers import parser_for
 from runtime.tracing import Tracing
 
@@ -413,6 +414,11 @@ class FunctionApp:
         ended: float | None = None,  # when the answer went out, if not now (a late answer)
     ) -> None:
         elapsed = (ended or perf_counter()) - started
+        rejected = scope.get(REJECTED)
+        if rejected is not None:  # the protocol answered instead (a bad chunk, garbage after)
+            status, code = rejected
+            message = "the connection was answered and closed by the HTTP layer"
+            error = None
         self.metrics.observe(status, elapsed)
         if status != 200:
             self._request_log.failure(scope, status, elapsed, code, message, input_data, error)

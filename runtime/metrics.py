@@ -109,6 +109,13 @@ class Metrics:
             ["sub_reward"],
             registry=owned,
         )
+        self._protocol_rejections = Counter(
+            "rl_function_protocol_rejections",
+            "Connections and requests refused by the HTTP layer before the app (too many "
+            "connections, headers too large or too slow, not valid HTTP) by status and code.",
+            ["status", "code"],
+            registry=owned,
+        )
         self._by_status: dict[int, Counter] = {}
 
     def observe(self, status: int, seconds: float) -> None:
@@ -123,6 +130,9 @@ class Metrics:
             self.timeouts.inc()
         elif status == 500:
             self.processor_errors.inc()
+
+    def protocol_rejected(self, status: int, code: str) -> None:
+        self._protocol_rejections.labels(str(status), code).inc()
 
     def sub_reward_failed(self, name: str) -> None:
         self._sub_reward_failures.labels(name).inc()

@@ -16,10 +16,16 @@ missing and answers every error as the runtime's JSON error body:
   the connection, for one that sends nothing): 408 (a connection that sent nothing is
   closed silently, as after the keep-alive timeout);
 - more than ``max_connections`` connections open in this worker: the new one is answered
-  503 with Retry-After and closed at once, before anything is read;
+  503 with Retry-After and closed at once, before anything is read; except that
+  ``HEALTH_RESERVE`` more may ask ``GET /health`` (anything else on them is answered 503),
+  so that liveness stays answerable under a connection flood;
 - a request that is not valid HTTP/1.1 (a bad Content-Length, a smuggling attempt): 400.
 
-The body has its own deadline and budget, enforced by the app (``runtime.app``). This
+Every rejection is counted (``on_reject``: /metrics by status and code) and logged, at most
+one WARNING line per ``LOG_EVERY`` seconds; a request the app was serving when its
+connection was rejected is marked in its scope (``REJECTED``), so that the app records the
+status the client got. The body has its own deadline and budget, enforced by the app
+(``runtime.app``). This
 relies on uvicorn internals (the parser callbacks, ``cycle``, ``connections``), which is
 why ``pyproject.toml`` bounds uvicorn to the versions tested.
 """
@@ -30,15 +36,46 @@ import asyncio
 import http
 import logging
 import resource
+import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from runtime import errors
 
-__all__ = ["GuardedHttpToolsProtocol", "protocol_class", "raw_error"]
+__all__ = ["REJECTED", "GuardedHttpToolsProtocol", "protocol_class", "raw_error"]
 
 log = logging.getLogger("runtime")
+
+REJECTED = "runtime.rejected"  # scope key: (status, code) the protocol answered instead
+HEALTH_RESERVE = 8  # connections past the cap that may still ask GET /health
+LOG_EVERY = 10.0  # seconds between two WARNING lines about rejections
+
+
+class _RejectionLog:
+    """One WARNING line for the first rejection, then at most one per LOG_EVERY seconds
+    with the counts since: a flood of bad clients cannot flood the log."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[int, str]] = Counter()
+        self._next = 0.0
+
+    def note(self, status: int, code: str) -> None:
+        self._counts[(status, code)] += 1
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + LOG_EVERY
+        parts = ", ".join(f"{s} {c} x{n}" for (s, c), n in sorted(self._counts.items()))
+        self._counts.clear()
+        log.warning(
+            "refused by the HTTP protocol layer (at most one line per %gs): %s", LOG_EVERY, parts
+        )
+
+
+_rejections = _RejectionLog()
 
 
 def raw_error(status: int, code: str, message: str, retry_after: bool = False) -> bytes:
@@ -64,6 +101,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     read_timeout = 10.0
     max_headers = 100
     max_header_bytes = 64 * 1024
+    on_reject: Callable[[int, str], None] | None = None  # counts a rejection (/metrics)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,16 +111,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # request line and headers, as the parser reports them
         self._raw_bytes = 0  # whole reads that arrived while still in the headers
         self._rejection: bytes | None = None
+        self._rejection_kind = (400, errors.BAD_REQUEST)  # (status, code) of _rejection
+        self._health_only = False  # a connection past the cap: GET /health only
 
     # --- connections ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.max_connections:
-            self.transport = transport
-            message = f"this worker has {self.max_connections} connections open; retry later"
-            transport.write(raw_error(503, errors.OVERLOADED, message, retry_after=True))
-            transport.close()
-            return
+            if len(self.connections) >= self.max_connections + HEALTH_RESERVE:
+                self.transport = transport
+                transport.write(self._over_cap())
+                transport.close()
+                self._count(503, errors.OVERLOADED)
+                return
+            self._health_only = True  # answered only for GET /health (liveness)
         super().connection_made(transport)
         self._arm_read_timer()
 
@@ -111,12 +153,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         if self._rejection is not None:
             payload = self._rejection
+            status, code = self._rejection_kind
         else:
             message = "not a valid HTTP/1.1 request (request line, headers or body framing)"
             payload = raw_error(400, errors.BAD_REQUEST, message)
+            status, code = 400, errors.BAD_REQUEST
         self._cancel_read_timer()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # the app is serving this request (its body, or it is all in and garbage
+            # follows): what the client gets is this answer, so that is what it records
+            cycle.scope[REJECTED] = (status, code)
         self.transport.write(payload)
         self.transport.close()
+        self._count(status, code)
+
+    def _count(self, status: int, code: str) -> None:
+        _rejections.note(status, code)
+        if self.on_reject is not None:
+            self.on_reject(status, code)
+
+    def _over_cap(self) -> bytes:
+        message = f"this worker has {self.max_connections} connections open; retry later"
+        return raw_error(503, errors.OVERLOADED, message, retry_after=True)
 
     # --- parser callbacks ----------------------------------------------------------------
 
@@ -145,6 +204,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._cancel_read_timer()
+        if self._health_only and self.url.partition(b"?")[0] != b"/health":
+            self._rejection = self._over_cap()
+            self._rejection_kind = (503, errors.OVERLOADED)
+            raise _Rejected
         super().on_headers_complete()
 
     # --- limits ----------------------------------------------------------------------------
@@ -154,6 +217,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             f"request headers exceed {self.max_headers} headers or {self.max_header_bytes} bytes"
         )
         self._rejection = raw_error(431, errors.HEADERS_TOO_LARGE, message)
+        self._rejection_kind = (431, errors.HEADERS_TOO_LARGE)
         if raise_:
             raise _Rejected  # the parser turns it into an error: send_400_response sends ours
         self.send_400_response(message)
@@ -177,6 +241,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif self._in_headers:
             message = f"request headers not received within {self.read_timeout:g}s"
             self._rejection = raw_error(408, errors.REQUEST_TIMEOUT, message)
+            self._rejection_kind = (408, errors.REQUEST_TIMEOUT)
             self.send_400_response(message)
         else:
             self.transport.close()  # nothing asked: close quietly, as keep-alive does
@@ -203,10 +268,19 @@ def connection_cap(requested: int) -> int:
     return cap
 
 
-def protocol_class(*, max_connections: int, read_timeout: float) -> type[GuardedHttpToolsProtocol]:
+def protocol_class(
+    *,
+    max_connections: int,
+    read_timeout: float,
+    on_reject: Callable[[int, str], None] | None = None,
+) -> type[GuardedHttpToolsProtocol]:
     """The protocol class for one server's settings (uvicorn instantiates it per connection)."""
     return type(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
-        {"max_connections": max_connections, "read_timeout": read_timeout},
+        {
+            "max_connections": max_connections,
+            "read_timeout": read_timeout,
+            "on_reject": staticmethod(on_reject) if on_reject is not None else None,
+        },
     )

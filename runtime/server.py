@@ -170,6 +170,7 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
         http=protocol_class(
             max_connections=connection_cap(settings.max_connections),
             read_timeout=settings.body_timeout,
+            on_reject=app.metrics.protocol_rejected if isinstance(app, FunctionApp) else None,
         ),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         # No WebSockets: an upgrade request is a plain HTTP request, answered by our routes

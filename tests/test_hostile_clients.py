@@ -153,11 +153,24 @@ def test_connections_beyond_the_cap_are_answered_503_at_once(start_server):
     held = [connect(server) for _ in range(8)]
     for sock in held:  # each holds a connection of the worker by never finishing its headers
         sock.sendall(b"GET /health HTTP/1.1\r\n")
+    with connect(server) as sock:  # past the cap, liveness is still answered ...
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(sock)[0] == 200
+    with connect(server) as sock:  # ... and nothing else
+        sock.sendall(b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        status, headers, body = read_response(sock)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert_json_error(headers, body, "OVERLOADED")
+    held += [connect(server) for _ in range(8)]  # the connections kept for /health
+    for sock in held[8:]:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
     with connect(server) as extra:  # (the fixture's own keep-alive connection may be one more)
         status, headers, body = read_response(extra)
         assert status == 503 and headers["retry-after"] == "1"
         assert_json_error(headers, body, "OVERLOADED")
         assert closed_by_server(extra, 30)
+    assert 'code="OVERLOADED",status="503"' in server.client.get("/metrics").text
+    assert "refused by the HTTP protocol layer" in server.wait_output("503 OVERLOADED")
     for sock in held:
         sock.close()
     deadline = time.monotonic() + 30
@@ -184,6 +197,33 @@ def test_invalid_http_gets_a_json_400(start_server):
             status, headers, body = read_response(sock)
         assert status == 400, request
         assert_json_error(headers, body, "BAD_REQUEST")
+    assert 'code="BAD_REQUEST",status="400"} 3.0' in server.client.get("/metrics").text
+    server.wait_output("400 BAD_REQUEST")
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}GARBAGE\r\n\r\n",
+    ],
+    ids=["bad-chunk", "garbage-after-the-body"],
+)
+def test_a_request_the_protocol_answers_400_is_counted_400(start_server, request_: bytes):
+    server = start_server("workspace.fns:EchoReward")
+    with connect(server) as sock:
+        sock.sendall(request_)
+        status, headers, body = read_response(sock)
+        assert status == 400
+        assert_json_error(headers, body, "BAD_REQUEST")
+        assert closed_by_server(sock, 30)
+    deadline = time.monotonic() + 30
+    while 'rl_function_requests_total{func_type="reward",status="400"} 1.0' not in (
+        text := server.client.get("/metrics").text
+    ):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.05)
+    assert 'status="499"' not in text and 'status="422"' not in text
 
 
 # --- bodies ----------------------------------------------------------------------------
