@@ -169,11 +169,12 @@ class FunctionApp:
             self.metrics.refresh()
             if self.state == READY:
                 self.function.offload.check()  # a pool that broke while idle is rebuilt now
-            if self.settings.workers > 1 and self.state == READY and self._stuck_reason():
+            reason = self._stuck_reason() or self.function.offload.failing
+            if self.settings.workers > 1 and self.state == READY and reason:
                 # A supervised worker that cannot take work is replaced, not left to say 503.
                 log.error(
                     "unhealthy: %s; stopping this worker so that a fresh one replaces it",
-                    self._stuck_reason(),
+                    reason,
                 )
                 self.begin_drain()
                 if self.on_unhealthy is not None:
@@ -227,9 +228,13 @@ class FunctionApp:
             await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
             self._finish(scope, started, 503, code, message, None)
             return
-        if self.function.threads.stuck + self.stuck_tasks >= self.settings.threads:
-            # every thread is held by a stuck call: answered now, not at --timeout
-            message = f"unhealthy: {self._stuck_reason()}"
+        if (
+            self.function.threads.stuck + self.stuck_tasks >= self.settings.threads
+            or self.function.offload.failing
+        ):
+            # every thread is held by a stuck call, or the isolation processes fail their
+            # setup(): answered now (as /health says), not at --timeout or as a 500
+            message = f"unhealthy: {self.unhealthy_reason()}"
             await _send(send, 503, errors.error_body(errors.UNHEALTHY, message), _RETRY_AFTER)
             self._finish(scope, started, 503, errors.UNHEALTHY, message, None)
             return
@@ -505,8 +510,11 @@ class FunctionApp:
             if self.state == STARTING:
                 return errors.NOT_READY, "the function is starting: setup() has not finished"
             return errors.DRAINING, "the function is shutting down"
-        if self.function.threads.stuck + self.stuck_tasks >= self.settings.threads:
-            return errors.UNHEALTHY, f"unhealthy: {self._stuck_reason()}"
+        if (
+            self.function.threads.stuck + self.stuck_tasks >= self.settings.threads
+            or self.function.offload.failing
+        ):
+            return errors.UNHEALTHY, f"unhealthy: {self.unhealthy_reason()}"
         for admitted in range(count):
             if not self.admission.try_admit():
                 for _ in range(admitted):

@@ -234,6 +234,8 @@ class UserThreads:
 class ThreadOffload:
     """``offload(attr, arg)``: run the processor's sync method ``attr`` in ``UserThreads``."""
 
+    failing = ""  # (see ProcessOffload.failing: threads run no setup() of their own)
+
     def check(self) -> str:
         return ""  # threads never break; a worker whose threads are all stuck is unhealthy
 
@@ -288,15 +290,13 @@ def _child_init(
         _child_error = exc
 
 
+_SETUP_FAILED = "setup() failed in the isolation process: "
+
+
 def _child_call(attr: str, arg: Any) -> bytes | None:
     if _child_error is not None:
         name, module, message, text = _describe(_child_error)
-        raise _Crossing(
-            "RuntimeError",
-            "builtins",
-            f"setup() failed in the isolation process: {name}: {message}",
-            text,
-        )
+        raise _Crossing("RuntimeError", "builtins", f"{_SETUP_FAILED}{name}: {message}", text)
     if attr == "":
         return None  # a readiness probe
     bind_secrets(arg)  # the request's api_key, blanked from what user code logs here
@@ -325,12 +325,18 @@ class UnreadableResult(RuntimeError):
     pass
 
 
+REBUILD_BACKOFF = (0.5, 30.0)  # seconds: first and longest wait between rebuilds
+
+
 class ProcessOffload:
     def __init__(self, spec: str, workspace: str, func_type: str, processes: int) -> None:
         self._args = (spec, workspace, func_type, processes)
         self._pool = self._new_pool()
         self.stuck = 0  # a stuck child is killed, never left running
         self.broken = ""  # why the pool cannot serve right now ("" when it can)
+        # why its children cannot serve: their setup() fails (a replacement child's, or the
+        # rebuilt pool's); requests are then answered 503 at once while it is retried
+        self.failing = ""
         self._rebuilding: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -378,6 +384,11 @@ class ProcessOffload:
         try:
             data = await waiter
         except _Crossing as exc:
+            if attr and exc.args[2].startswith(_SETUP_FAILED):
+                # a child pebble started in place of one killed (a deadline) failed its
+                # setup(): every call it gets would fail; rebuild the pool, with backoff
+                self.failing = f"an isolation process failed its setup() ({exc.args[2]})"
+                self._broke(pool, RuntimeError(self.failing))
             raise crossed(*exc.args) from None
         except concurrent.futures.process.BrokenProcessPool as exc:
             raise self._broke(pool, exc) from None
@@ -411,15 +422,23 @@ class ProcessOffload:
         return IsolationPoolBroken(f"{reason}; it is being rebuilt, retry the request")
 
     async def _rebuild(self, old: Any) -> None:
-        old.stop()
-        threading.Thread(target=old.join, name="pool-join", daemon=True).start()
-        try:
-            await self.ready()
-        except Exception as exc:
-            self.broken = f"the rebuilt isolation process pool cannot serve: {exc}"
-            log.error("%s", self.broken)
-            return
-        self.broken = ""
+        delay = REBUILD_BACKOFF[0]
+        while True:
+            old.stop()
+            threading.Thread(target=old.join, name="pool-join", daemon=True).start()
+            try:
+                await self.ready()
+                break
+            except Exception as exc:  # setup() fails: retried, ever more slowly
+                self.broken = self.failing = (
+                    f"the rebuilt isolation process pool cannot serve: {exc}; "
+                    f"retrying in {delay:g}s"
+                )
+                log.error("%s", self.broken)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, REBUILD_BACKOFF[1])
+            old, self._pool = self._pool, self._new_pool()
+        self.broken = self.failing = ""
         log.info("the isolation process pool was rebuilt and serves again")
 
     async def close(self) -> None:

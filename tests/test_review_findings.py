@@ -254,3 +254,41 @@ def test_mime_base64_and_double_url_encoding_of_the_key_are_blanked():
         assert "***" in cleaned
         for line in text.split():
             assert line not in cleaned, cleaned
+
+
+# --- 3: an isolation process whose setup() fails ---------------------------------------
+
+
+def test_a_replacement_isolation_process_failing_setup_is_unhealthy_and_retried(
+    start_server, tmp_path
+):
+    server = start_server(
+        f"{FNS}:SetupFailsWhenMarked",
+        "--isolation",
+        "process",
+        "--processes",
+        "1",
+        "--timeout",
+        "2",
+        env={"TEST_MARKER_DIR": str(tmp_path)},
+    )
+    first = server.post(reward_body()).json()["reward"]["reward_score"]
+    (tmp_path / "fail-setup").write_text("the replacement's setup() fails")
+    # past its deadline the child is killed; the one started in its place fails setup()
+    assert server.post(reward_body(sleep=30)).status_code == 504
+    deadline = time.monotonic() + 60
+    while (health := server.client.get("/health")).status_code == 200:
+        assert time.monotonic() < deadline, "never unhealthy: " + health.text
+        server.post(reward_body())  # reaches the failed child: noticed
+        time.sleep(0.05)
+    assert "setup()" in health.json()["reason"], health.json()
+    started = time.monotonic()
+    refused = server.post(reward_body())
+    assert refused.status_code == 503 and refused.json()["error_code"] == "UNHEALTHY"
+    assert time.monotonic() - started < 1.5
+    (tmp_path / "fail-setup").unlink()  # the next try (with backoff) succeeds
+    while server.client.get("/health").status_code != 200:
+        assert time.monotonic() < deadline + 60, server.output()[-3000:]
+        time.sleep(0.1)
+    answer = server.post(reward_body())
+    assert answer.status_code == 200 and answer.json()["reward"]["reward_score"] != first

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -117,3 +119,16 @@ class WaitsInTheDefaultPool(AbstractRewardProcessor):
         sleep = float(_extra(input_data).get("sleep", 0))
         await asyncio.get_running_loop().run_in_executor(None, time.sleep, sleep)
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class SetupFailsWhenMarked(AbstractRewardProcessor):
+    """setup() fails while the file ``fail-setup`` exists in TEST_MARKER_DIR (a GPU gone,
+    a model server down), as a replacement isolation process would find it."""
+
+    def setup(self) -> None:
+        if (Path(os.environ["TEST_MARKER_DIR"]) / "fail-setup").exists():
+            raise RuntimeError("no GPU left")
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        time.sleep(float(_extra(input_data).get("sleep", 0)))
+        return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
