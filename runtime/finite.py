@@ -6,17 +6,29 @@ returns one gets a 500 ``INVALID_OUTPUT`` naming the field instead. Only the typ
 numbers are checked (scores and metrics), on the attributes directly: a few hundred
 nanoseconds per request, and free-form fields (messages, ``rollout_extra``) keep
 serialising as they always have.
+
+Free-form fields (``rollout_extra``, extra fields of an output) are checked as they are
+serialised: with a serialiser that writes ``NaN``/``Infinity`` instead of ``null``
+(``ser_json_inf_nan="constants"``, the same cost), a search of the bytes for those two
+words (well under a microsecond for a reward's body; about 1 us per KB of a text with
+capital Ns and Is) and, only when one is there (it may be inside a string), a parse that
+names the field.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from math import isfinite
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import SchemaSerializer
+
 from processors_base.models import GroupRewardOutput, RewardOutput, RolloutOutput
 
-__all__ = ["Found", "finder_for"]
+__all__ = ["Found", "constant_in", "finder_for", "strict_serializer"]
 
 Found = tuple[str, float]  # (the field's path, its value)
 
@@ -79,4 +91,43 @@ def _rollout_output(output: Any) -> Found | None:
 
 
 def _nothing(output: Any) -> Found | None:
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def strict_serializer(model: type[BaseModel]) -> SchemaSerializer:
+    """``model``'s serialiser, writing NaN and Infinity as such (not as ``null``) so that
+    ``constant_in`` can find them; the model's own one if it cannot be derived."""
+    try:
+        config = ConfigDict(**model.model_config, ser_json_inf_nan="constants")  # type: ignore[typeddict-item]
+        strict = type(
+            model.__name__, (model,), {"model_config": config, "__module__": model.__module__}
+        )
+        return strict.__pydantic_serializer__
+    except Exception:
+        return model.__pydantic_serializer__
+
+
+def constant_in(data: bytes) -> Found | None:
+    """The first NaN or Infinity in JSON written by ``strict_serializer``: its path and value."""
+    # single bytes first (memchr: a microsecond per 100 KB, where a three-byte search
+    # takes 50 times that); most reward outputs have neither a capital N nor an I
+    if (b"N" not in data or b"NaN" not in data) and (b"I" not in data or b"Infinity" not in data):
+        return None
+    return _find(json.loads(data), "")
+
+
+def _find(value: Any, path: str) -> Found | None:
+    if isinstance(value, float):
+        return None if isfinite(value) else (path or "(output)", value)
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for inner_path, item in items:
+        found = _find(item, inner_path)
+        if found is not None:
+            return found
     return None

@@ -23,7 +23,7 @@ from processors_base.redaction import Secrets, request_secrets
 from processors_base.redaction import redact as redact_text
 from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors
 from runtime import errors
-from runtime.finite import finder_for
+from runtime.finite import constant_in, finder_for, strict_serializer
 from runtime.loading import Target
 from runtime.offload import ProcessOffload, ThreadOffload, UserThreads
 
@@ -197,11 +197,19 @@ class Function:
     def serialise(self, result: Any) -> bytes:
         result = self.validated(result)
         try:
-            return result.__pydantic_serializer__.to_json(result)
+            data = strict_serializer(type(result)).to_json(result)
         except Exception as exc:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT, f"output of process() is not serialisable: {exc}"
             ) from exc
+        found = constant_in(data)  # in a free-form field: validated() checked the typed ones
+        if found is not None:
+            raise ProcessorFailure(
+                errors.INVALID_OUTPUT,
+                f"process() returned a non-finite number in {found[0]} ({found[1]}): "
+                "JSON has no NaN or Infinity",
+            )
+        return data
 
     def validated(self, result: Any) -> BaseModel:
         """What process() returned as the output model, checked for NaN and Infinity

@@ -292,3 +292,16 @@ def test_a_replacement_isolation_process_failing_setup_is_unhealthy_and_retried(
         time.sleep(0.1)
     answer = server.post(reward_body())
     assert answer.status_code == 200 and answer.json()["reward"]["reward_score"] != first
+
+
+# --- 16: non-finite numbers in free-form output fields ----------------------------------
+
+
+def test_a_nan_in_a_free_form_output_field_is_invalid_output(start_server):
+    server = start_server(f"{FNS}:NanInExtras")
+    response = server.post(reward_body())
+    assert response.status_code == 500, response.text
+    body = response.json()
+    assert body["error_code"] == "INVALID_OUTPUT" and "debug.ratios[1]" in body["error"]
+    text = server.post(reward_body(text=True))  # the words alone are no number
+    assert text.status_code == 200 and text.json()["note"] == "NaN or Infinity"

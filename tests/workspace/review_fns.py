@@ -132,3 +132,12 @@ class SetupFailsWhenMarked(AbstractRewardProcessor):
     def process(self, input_data: RewardInput) -> RewardOutput:
         time.sleep(float(_extra(input_data).get("sleep", 0)))
         return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
+
+
+class NanInExtras(AbstractRewardProcessor):
+    """A NaN in an extra field of the output; "NaN" as mere text when asked."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        if _extra(input_data).get("text"):
+            return RewardOutput(reward=Reward(reward_score=1.0), note="NaN or Infinity")
+        return RewardOutput(reward=Reward(reward_score=1.0), debug={"ratios": [0.5, float("nan")]})
