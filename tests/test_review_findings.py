@@ -13,7 +13,7 @@ import time
 from urllib.parse import quote
 
 import pytest
-from conftest import Server, reward_body
+from conftest import Server, _stat, descendants, reward_body
 
 FNS = "workspace.review_fns"
 KEY = "sk-Zm9v/YmFy+baz=qux0123"
@@ -273,7 +273,7 @@ def test_a_replacement_isolation_process_failing_setup_is_unhealthy_and_retried(
         env={"TEST_MARKER_DIR": str(tmp_path)},
     )
     first = server.post(reward_body()).json()["reward"]["reward_score"]
-    (tmp_path / "fail-setup").write_text("the replacement's setup() fails")
+    (tmp_path / "fail-setup").write_text("")  # the replacement's setup() fails
     # past its deadline the child is killed; the one started in its place fails setup()
     assert server.post(reward_body(sleep=30)).status_code == 504
     deadline = time.monotonic() + 60
@@ -305,3 +305,32 @@ def test_a_nan_in_a_free_form_output_field_is_invalid_output(start_server):
     assert body["error_code"] == "INVALID_OUTPUT" and "debug.ratios[1]" in body["error"]
     text = server.post(reward_body(text=True))  # the words alone are no number
     assert text.status_code == 200 and text.json()["note"] == "NaN or Infinity"
+
+
+def test_with_workers_a_worker_whose_isolation_setup_fails_is_replaced(start_server, tmp_path):
+    server = start_server(
+        f"{FNS}:SetupFailsWhenMarked",
+        "--workers",
+        "2",
+        "--isolation",
+        "process",
+        "--processes",
+        "1",
+        "--timeout",
+        "2",
+        env={"TEST_MARKER_DIR": str(tmp_path)},
+    )
+    server.wait_output("ready: SetupFailsWhenMarked", 2)
+    workers = [p for p in descendants(server.proc.pid) if _stat(p)[1] == str(server.proc.pid)]
+    # the isolation processes of today's workers fail setup() from now on; a fresh worker's do not
+    (tmp_path / "fail-setup").write_text(" ".join(map(str, workers)))
+    assert server.post(reward_body(sleep=30)).status_code == 504
+    deadline = time.monotonic() + 60
+    while "so that a fresh one replaces it" not in server.output():
+        assert time.monotonic() < deadline, server.output()[-3000:]
+        server.post(reward_body())
+        time.sleep(0.05)
+    server.wait_output("ready: SetupFailsWhenMarked", 3, timeout=60)
+    assert server.proc.poll() is None
+    assert all(server.post(reward_body()).status_code == 200 for _ in range(4))
+    assert server.terminate(60) == 0, server.output()[-3000:]

@@ -123,11 +123,15 @@ class WaitsInTheDefaultPool(AbstractRewardProcessor):
 
 class SetupFailsWhenMarked(AbstractRewardProcessor):
     """setup() fails while the file ``fail-setup`` exists in TEST_MARKER_DIR (a GPU gone,
-    a model server down), as a replacement isolation process would find it."""
+    a model server down), as a replacement isolation process would find it; if the file
+    lists process ids, only in the isolation processes of those workers."""
 
     def setup(self) -> None:
-        if (Path(os.environ["TEST_MARKER_DIR"]) / "fail-setup").exists():
-            raise RuntimeError("no GPU left")
+        marker = Path(os.environ["TEST_MARKER_DIR"]) / "fail-setup"
+        if marker.exists():
+            pids = marker.read_text().split()
+            if not pids or str(os.getppid()) in pids:
+                raise RuntimeError("no GPU left")
 
     def process(self, input_data: RewardInput) -> RewardOutput:
         time.sleep(float(_extra(input_data).get("sleep", 0)))
