@@ -334,3 +334,20 @@ def test_with_workers_a_worker_whose_isolation_setup_fails_is_replaced(start_ser
     assert server.proc.poll() is None
     assert all(server.post(reward_body()).status_code == 200 for _ in range(4))
     assert server.terminate(60) == 0, server.output()[-3000:]
+
+
+# --- 9: refusals of the HTTP layer are counted and logged --------------------------------
+
+
+def test_header_refusals_are_counted_and_logged_once(start_server):
+    server = start_server(f"{FNS}:SleepsSync")
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /api/v1 HTTP/1.1\r\nHost: x\r\n" + b"a: b\r\n" * 200)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 431")
+    text = server.client.get("/metrics").text
+    assert 'rl_function_protocol_rejections_total{code="HEADERS_TOO_LARGE",status="431"} 3.0' in (
+        text
+    )
+    output = server.wait_output("refused by the HTTP protocol layer")
+    assert output.count("refused by the HTTP protocol layer") == 1  # not one line each
