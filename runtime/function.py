@@ -258,7 +258,9 @@ class Function:
             ) from None
 
     def failure(self, code: str, message: str) -> bytes:
-        """The output shape with status "failed", for a request the processor could not serve."""
+        """The output shape with status "failed", for a request the processor could not serve.
+        Its message is blanked of the request's secrets here too, whoever built it."""
+        message = redact(message, None)
         return orjson.dumps({**self.failure_template, **errors.fields(code, message)})
 
 

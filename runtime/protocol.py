@@ -77,6 +77,22 @@ class _RejectionLog:
 
 _rejections = _RejectionLog()
 
+# uvicorn's own per-request warnings for what this layer counts and logs itself (a bad
+# request), or serves as a plain request (an upgrade): one line per request would let a
+# client flood the log.
+_UVICORN_NOISE = (
+    "Invalid HTTP request received.",
+    "Unsupported upgrade request.",
+    "No supported WebSocket library detected.",
+)
+
+
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(_UVICORN_NOISE))
+
+
+logging.getLogger("uvicorn.error").addFilter(_not_noise)
+
 
 def raw_error(status: int, code: str, message: str, retry_after: bool = False) -> bytes:
     """A complete HTTP/1.1 error response with the JSON error body; the connection closes."""
