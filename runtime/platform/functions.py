@@ -14,12 +14,15 @@ Registration of the components that have no ``entity_id`` yet:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,36 +136,50 @@ def resolve(
 
 
 def check_imports(components: list[Component], reporter: Reporter) -> None:
-    """Import every class in a clean subprocess per workspace; fail before any upload."""
-    by_dir: dict[Path, list[Component]] = {}
+    """Import every class in a clean subprocess, fail before any upload: from the unpacked
+    package when the components have one (what ships), else from the workspace."""
+    groups: dict[object, list[Component]] = {}
     for component in components:
-        by_dir.setdefault(component.zipdir.resolve(), []).append(component)
+        key = component.package.sha256 if component.package else component.zipdir.resolve()
+        groups.setdefault(key, []).append(component)
     with reporter.step(f"checking that {len(components)} class(es) import"):
-        for zipdir, group in by_dir.items():
-            targets = [[c.target, str(zipdir), c.kind] for c in group]
-            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-            env["PYTHONDONTWRITEBYTECODE"] = "1"  # write nothing into the workspace
-            done = subprocess.run(
-                [sys.executable, "-m", "runtime.platform.importcheck", json.dumps(targets)],
-                cwd=zipdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
+        for group in groups.values():
+            package = group[0].package
+            if package is None:
+                _import_in(group[0].zipdir.resolve(), group, "the workspace")
+                continue
+            with tempfile.TemporaryDirectory(prefix="agentic-rl-check-") as unpacked:
+                with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
+                    archive.extractall(unpacked)
+                _import_in(Path(unpacked), group, "the package")
+
+
+def _import_in(root: Path, group: list[Component], where: str) -> None:
+    targets = [[c.target, str(root), c.kind] for c in group]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # write nothing into the workspace
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.platform.importcheck", json.dumps(targets)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    try:
+        results = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise ComponentError(
+            f"the import check of {group[0].zipdir} failed (exit {done.returncode}): {tail}"
+        ) from None
+    for component, result in zip(group, results, strict=False):
+        if "error" in result:
+            raise ComponentError(
+                f"{component.label}: {result['error']} (imported from {where}, "
+                "checked locally, nothing uploaded)"
             )
-            try:
-                results = json.loads(done.stdout.strip().splitlines()[-1])
-            except (IndexError, ValueError):
-                tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-                raise ComponentError(
-                    f"the import check in {zipdir} failed (exit {done.returncode}): {tail}"
-                ) from None
-            for component, result in zip(group, results, strict=False):
-                if "error" in result:
-                    raise ComponentError(
-                        f"{component.label}: {result['error']} (checked locally, nothing uploaded)"
-                    )
-                component.weights = result.get("weights")
+        component.weights = result.get("weights")
 
 
 def _poll(interval: float, timeout: float, what: str, probe: Any) -> Any:
@@ -189,7 +206,6 @@ def register(
     """Register the components without an entity id (in place); start instances unless lazy."""
     todo = [c for c in components if not c.entity_id]
     if todo:
-        check_imports(todo, reporter)
         with reporter.step(f"packaging {len(todo)} function(s)"):
             for c in todo:
                 try:
@@ -211,6 +227,12 @@ def register(
                     f"  {c.label}: {len(c.package.data) / 1024:.1f} KiB, "
                     f"{len(c.package.entries)} files"
                 )
+        for secret in sorted({s for c in todo if c.package for s in c.package.left_out_secrets}):
+            reporter.note(
+                f"warning: {secret} looks like a credentials file and is not shipped "
+                "(name it in FC_ZIP_INCLUDE to ship it)"
+            )
+        check_imports(todo, reporter)
     layers = _create_layers(platform, todo, reporter)
     for c in todo:
         assert c.package is not None
@@ -267,11 +289,41 @@ def register(
                 wait_timeout,
                 f"waiting for instance {c.instance_id} to be active (its logs: "
                 f"python -m runtime instance logs {c.instance_id})",
-                lambda c=c: (
-                    True if _instance(platform, str(c.instance_id)).get("status") == 2 else None
-                ),
+                lambda c=c: _active(platform, c, reporter),
             )
             reporter.update(f"instance {c.instance_id} of {c.label} is active")
+
+
+_FAILED = -1  # the platform's instance status for an instance that did not start
+_LOG_TAIL = 20
+
+
+def _active(platform: Platform, c: Component, reporter: Reporter) -> bool | None:
+    """True once the instance is active, None while it starts; a failed one is reported
+    with its last log lines, deleted, and raised."""
+    instance = str(c.instance_id)
+    status = _instance(platform, instance).get("status")
+    if status == 2:
+        return True
+    if status != _FAILED:
+        return None
+    try:
+        lines = instance_logs(platform, instance)[-_LOG_TAIL:]
+    except PlatformError as exc:
+        lines = [f"(its logs could not be read: {exc})"]
+    reporter.note(f"instance {instance} of {c.label} failed to start; its last log lines:")
+    for line in lines:
+        reporter.note(f"  | {line}")
+    try:
+        delete_instance(platform, instance)
+        fate = "deleted"
+    except PlatformError as exc:
+        fate = f"not deleted ({exc}): delete it with python -m runtime instance delete {instance}"
+    raise PlatformError(
+        f"starting an instance of {c.label}",
+        f"instance {instance} failed to start (platform status {_FAILED}); its last log "
+        f"lines are above; the instance was {fate}",
+    )
 
 
 def _create_layers(platform: Platform, todo: list[Component], reporter: Reporter) -> dict[str, str]:

@@ -18,7 +18,7 @@ import re
 import shlex
 import stat
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -27,53 +27,76 @@ __all__ = [
     "Package",
     "PackagingError",
     "build_package",
+    "check_environment",
     "layer_requirements",
+    "scan_workspace",
     "start_script",
     "workspace_files",
 ]
 
-# The SDK's exclusions (replaceable, as there, by FC_ZIP_EXCLUDE_PATTERNS) ...
+# What is never shipped, at any depth, whatever FC_ZIP_EXCLUDE_PATTERNS says: VCS data,
+# virtual environments, tool caches, editor state (the SDK's base-name list, less the code
+# directory names, plus ours). FC_ZIP_EXCLUDE_PATTERNS only adds to it.
 DEFAULT_EXCLUDES = [
     ".git",
+    ".hg",
+    ".svn",
     ".gitignore",
     ".DS_Store",
     ".vscode",
-    ".Python",
-    ".env",
-    ".venv",
     ".idea",
+    ".Python",
+    ".venv",
+    "venv",
+    ".conda",
+    ".tox",
+    ".nox",
     "__pycache__",
+    ".cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    ".hypothesis",
+    ".ipynb_checkpoints",
+    "node_modules",
+    ".eggs",
+    "develop-eggs",
+    ".coverage",
+    ".coverage.*",
     "*.swp",
     "*.egg",
     "*.egg-info",
     "*.pyc",
+    "*.pyo",
     "*.md",
     "*.log",
     "*.tmp",
     "*.bak",
-    "build",
-    "develop-eggs",
-    ".eggs",
-    "test",
-    "tests",
-    "tmp",
-    "temp",
-    "data",
 ]
-# ... plus ours, always: other VCS data, virtual environments, tool caches, and a start.sh
-# of the workspace's own (the generated one takes its place).
-_ALWAYS_EXCLUDED = [
-    ".hg",
-    ".svn",
-    "venv",
-    ".tox",
-    ".nox",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".mypy_cache",
-    ".ipynb_checkpoints",
-    "node_modules",
-    "*.pyo",
+# The SDK also drops directories with these names at any depth (bug B18: a package
+# ``functions/reward/data/`` silently disappears). Here they are dropped only at the top of
+# the workspace, and only when they are not a Python package.
+TOP_LEVEL_EXCLUDES = ["data", "test", "tests", "build", "tmp", "temp"]
+# Files that hold credentials: left out, with a warning naming each, unless named in
+# FC_ZIP_INCLUDE (or in a function's extra_files).
+SECRET_PATTERNS = [
+    ".env",
+    ".env.*",
+    "*.env",
+    ".netrc",
+    "_netrc",
+    ".npmrc",
+    ".pypirc",
+    ".pgpass",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "credentials.json",
+    "*.pem",
+    "*.p12",
+    "*.pfx",
+    "*.key",
 ]
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _SIZE_LIMIT = 200 * 1024 * 1024
@@ -89,44 +112,105 @@ class PackagingError(Exception):
 class Package:
     data: bytes
     entries: tuple[str, ...]
+    left_out_secrets: tuple[str, ...] = ()  # credential files found and not shipped
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
 
+def _env_list(name: str) -> list[str]:
+    return [p.strip() for p in os.environ.get(name, "").split(",") if p.strip()]
+
+
 def _patterns() -> list[str]:
-    configured = os.environ.get("FC_ZIP_EXCLUDE_PATTERNS")
-    base = [p.strip() for p in configured.split(",") if p.strip()] if configured else []
-    return (base if configured else list(DEFAULT_EXCLUDES)) + _ALWAYS_EXCLUDED
+    return DEFAULT_EXCLUDES + _env_list("FC_ZIP_EXCLUDE_PATTERNS")
 
 
 def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+@dataclass
+class _Walk:
+    root: Path  # the workspace, resolved
+    patterns: list[str]
+    included: set[str]  # FC_ZIP_INCLUDE: paths shipped even when they look like secrets
+    files: list[tuple[str, Path]] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)
+
+    def directory(self, real: Path, prefix: str, chain: tuple[Path, ...]) -> None:
+        try:
+            entries = sorted(os.scandir(real), key=lambda e: e.name)
+        except OSError as exc:
+            raise PackagingError(f"cannot read {prefix or '.'}: {exc.strerror}") from None
+        for entry in entries:
+            arcname = prefix + entry.name
+            path = Path(entry.path)
+            if entry.is_symlink():
+                target = Path(os.path.realpath(path))
+                if not _inside(target, self.root):
+                    raise PackagingError(
+                        f"{arcname} is a symbolic link to {target}, outside the workspace "
+                        f"{self.root}: refusing to ship what it points to; copy what the "
+                        "function needs into the workspace, or remove the link"
+                    )
+                if not target.exists():
+                    raise PackagingError(f"{arcname} is a broken symbolic link: remove it")
+                path = target
+            if path.is_dir():
+                if self._skip_dir(entry.name, arcname, path, top=not prefix):
+                    continue
+                if path in chain:
+                    raise PackagingError(
+                        f"{arcname} is a symbolic link to a directory that contains it: "
+                        "a loop; remove the link"
+                    )
+                self.directory(path, arcname + "/", (*chain, path))
+            elif path.is_file():
+                if arcname == "start.sh" or self._excluded(entry.name, arcname):
+                    continue
+                if arcname not in self.included and _matches(entry.name, SECRET_PATTERNS):
+                    self.secrets.append(arcname)
+                    continue
+                self.files.append((arcname, path))
+
+    def _excluded(self, name: str, arcname: str) -> bool:
+        return _matches(name, self.patterns) or _matches(arcname, self.patterns)
+
+    def _skip_dir(self, name: str, arcname: str, path: Path, *, top: bool) -> bool:
+        if self._excluded(name, arcname) or (path / "pyvenv.cfg").exists():
+            return True  # pyvenv.cfg: a virtual environment by any name
+        return top and name in TOP_LEVEL_EXCLUDES and not (path / "__init__.py").is_file()
+
+
+def scan_workspace(zipdir: Path) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(name in the zip, file) of every file to ship, sorted by name, and the credential
+    files left out. Symbolic links inside the workspace ship as what they point to; one
+    that leads outside it is refused."""
+    root = Path(os.path.realpath(zipdir))
+    if not root.is_dir():
+        raise PackagingError(f"the workspace {zipdir} is not a directory")
+    walk = _Walk(root, _patterns(), set(_env_list("FC_ZIP_INCLUDE")))
+    walk.directory(root, "", (root,))
+    return sorted(walk.files), sorted(walk.secrets)
+
+
 def workspace_files(zipdir: Path) -> list[tuple[str, Path]]:
     """(name in the zip, file) of every file to ship, sorted by name."""
-    patterns = _patterns()
-    found: list[tuple[str, Path]] = []
-    for folder, dirs, files in os.walk(zipdir):
-        here = Path(folder)
-        kept = []
-        for name in dirs:
-            relative = (here / name).relative_to(zipdir).as_posix()
-            if _matches(name, patterns) or _matches(relative, patterns):
-                continue
-            if (here / name / "pyvenv.cfg").exists():  # a virtual environment by any name
-                continue
-            kept.append(name)
-        dirs[:] = kept
-        for name in files:
-            path = here / name
-            arcname = path.relative_to(zipdir).as_posix()
-            if _matches(name, patterns) or arcname == "start.sh" or not path.is_file():
-                continue
-            found.append((arcname, path))
-    return sorted(found)
+    return scan_workspace(zipdir)[0]
+
+
+def check_environment() -> None:
+    """The packaging settings of the environment, checked before anything is done."""
+    for name in ("FC_WORKERS_COUNT", "FC_OSS_FILE_SIZE_WARNING"):
+        value = os.environ.get(name)
+        if value is not None and not (value.strip().isdigit() and int(value) > 0):
+            raise PackagingError(f"{name} must be a positive whole number, not {value!r}")
 
 
 def _runtime_files() -> list[tuple[str, Path]]:
@@ -198,6 +282,7 @@ def start_script(func_type: str, module: str, class_name: str, server: str) -> s
     """The launcher the platform runs on an instance, with the function baked in."""
     layer = os.environ.get("FC_LAYER_USED", "true").strip().lower() in ("true", "1", "yes")
     index = os.environ.get("FC_PYPI_REPO", "")
+    check_environment()
     workers = os.environ.get("FC_WORKERS_COUNT", "1")
     if server == "sdk":
         processor, command = f"{module}.{class_name}", f"-m {SDK_SERVER}"
@@ -248,10 +333,10 @@ def build_package(
     """The zip of one component, in memory; refused over the platform's size limit."""
     if not _MODULE.match(module):
         raise PackagingError(f"{module!r} is not an importable module path")
-    entries: dict[str, bytes | Path] = dict(workspace_files(zipdir))
-    patterns = _patterns()
-    for extra in extra_files:
-        if extra.is_file() and not _matches(extra.name, patterns):
+    found, secrets = scan_workspace(zipdir)
+    entries: dict[str, bytes | Path] = dict(found)
+    for extra in extra_files:  # named explicitly: shipped even when it looks like a secret
+        if extra.is_file():
             entries[extra.name] = extra
     if server != "sdk":
         clash = sorted(n for n in entries if n.split("/")[0] in ("runtime", "processors_base"))
@@ -261,6 +346,12 @@ def build_package(
                 "the runtime's sources in the package; rename it, or use --server sdk"
             )
         entries.update(dict(_runtime_files()))
+    check_environment()
+    limit = int(os.environ.get("FC_OSS_FILE_SIZE_WARNING", _SIZE_LIMIT))
+    sizes = {n: p.stat().st_size for n, p in entries.items() if isinstance(p, Path)}
+    total = sum(sizes.values())
+    if total > limit:  # refused before anything is read or compressed
+        _refuse(zipdir, total, limit, sizes, "its files add up to")
     entries[REQUIREMENTS_NAME] = requirements.encode()
     entries["start.sh"] = start_script(func_type, module, class_name, server).encode()
 
@@ -280,16 +371,16 @@ def build_package(
             info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
             archive.writestr(info, data)
     data = buffer.getvalue()
-    limit = int(os.environ.get("FC_OSS_FILE_SIZE_WARNING", _SIZE_LIMIT))
     if len(data) > limit:
-        biggest = sorted(
-            ((p.stat().st_size, n) for n, p in entries.items() if isinstance(p, Path)),
-            reverse=True,
-        )[:3]
-        listed = ", ".join(f"{n} ({s / 1e6:.1f} MB)" for s, n in biggest)
-        raise PackagingError(
-            f"the package of {zipdir} is {len(data) / 1e6:.1f} MB, over the platform's limit "
-            f"of {limit / 1e6:.1f} MB; the biggest files: {listed}. Move data out of the "
-            "workspace or exclude it (FC_ZIP_EXCLUDE_PATTERNS)"
-        )
-    return Package(data, tuple(sorted(entries)))
+        _refuse(zipdir, len(data), limit, sizes, "the package is")
+    return Package(data, tuple(sorted(entries)), tuple(secrets))
+
+
+def _refuse(zipdir: Path, size: int, limit: int, sizes: dict[str, int], what: str) -> None:
+    biggest = sorted(((s, n) for n, s in sizes.items()), reverse=True)[:3]
+    listed = ", ".join(f"{n} ({s / 1e6:.1f} MB)" for s, n in biggest)
+    raise PackagingError(
+        f"{zipdir}: {what} {size / 1e6:.1f} MB, over the platform's limit of "
+        f"{limit / 1e6:.1f} MB; the biggest files: {listed}. Move data out of the "
+        "workspace or exclude it (FC_ZIP_EXCLUDE_PATTERNS)"
+    )
