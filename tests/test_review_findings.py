@@ -91,6 +91,14 @@ def test_foreign_threads_and_warnings_are_scrubbed_and_json_lines_never_break(st
     assert "surrogate \\udcff end" in messages
 
 
+def test_work_handed_to_self_executor_keeps_its_requests_secrets(start_server):
+    server = start_server(f"{FNS}:LogsAfterItsRequest")
+    assert server.post(keyed()).status_code == 200
+    output = server.wait_output("after the request")
+    assert "after the request **********" in output
+    assert_no_key(output)
+
+
 # --- 8: WebSocket upgrades --------------------------------------------------------------
 
 

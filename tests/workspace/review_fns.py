@@ -145,3 +145,16 @@ class NanInExtras(AbstractRewardProcessor):
         if _extra(input_data).get("text"):
             return RewardOutput(reward=Reward(reward_score=1.0), note="NaN or Infinity")
         return RewardOutput(reward=Reward(reward_score=1.0), debug={"ratios": [0.5, float("nan")]})
+
+
+def _log_after_the_request(key: str) -> None:
+    time.sleep(0.5)  # the request has been answered by then: only its context knows the key
+    user_log.warning("after the request %s", key)
+
+
+class LogsAfterItsRequest(AbstractRewardProcessor):
+    """Hands work to self.executor that logs the key once the request has ended."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        self.executor.submit(_log_after_the_request, _key(input_data))
+        return RewardOutput(reward=Reward(reward_score=1.0))
