@@ -347,7 +347,7 @@ def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]
     total = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        leaf = stack.rsplit(";", 1)[-1]
+        leaf = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])  # per function, not line
         leaf = re.sub(r" \(/.*?site-packages/", " (", leaf)
         leaf = re.sub(r" \(/[^)]*/(runtime|processors_base)/", r" (\1/", leaf)
         own[leaf] = own.get(leaf, 0) + int(count)

@@ -572,9 +572,10 @@ class FunctionApp:
 class _Interrupt:
     """Cancels a request's task at its deadline, or when its client goes away.
 
-    Cheaper than a cancel scope and a watcher task per request: a timer for the
-    deadline, and a second one that starts watching for a disconnect only once the
-    request has run for a while (most requests are answered long before). Once fired,
+    Cheaper than a cancel scope and a watcher task per request: one timer, which first
+    fires once the request has run for a while and only then starts watching for a
+    disconnect (most requests are answered long before), then fires at the deadline. Once
+    fired,
     it cancels the task again every ``RECANCEL`` seconds until user code has ended (as an
     anyio cancel scope would), and ``FunctionApp._overdue`` answers at once whatever the
     task does (504 at the deadline, 503 at a stop past --grace). The request's error
@@ -585,9 +586,10 @@ class _Interrupt:
         "_app",
         "_asgi_send",
         "_deadline",
+        "_deadline_at",
         "_loop",
         "_recancel",
-        "_watch_timer",
+        "_receive",
         "_watcher",
         "abandoned",
         "answered_at",
@@ -625,11 +627,13 @@ class _Interrupt:
         self.answered_at: float | None = None  # perf_counter() when that answer was sent
         app._live.add(self)
         self.responded = self.in_slot = self.abandoned = False
-        self._deadline = loop.call_later(
-            app._timeout if timeout is None else timeout, self.fire, "deadline"
+        self._deadline_at = loop.time() + (app._timeout if timeout is None else timeout)
+        # one timer: at WATCH_AFTER (to start watching for a disconnect), then the deadline
+        self._deadline = loop.call_at(
+            min(self._deadline_at, loop.time() + self.WATCH_AFTER), self._tick
         )
         self._recancel: asyncio.TimerHandle | None = None
-        self._watch_timer: asyncio.TimerHandle | None = None
+        self._receive: Any = None
         self._watcher: asyncio.Task[None] | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -639,10 +643,21 @@ class _Interrupt:
         await self._asgi_send(message)
 
     def watch(self, receive: Any) -> None:
-        self._watch_timer = self._loop.call_later(self.WATCH_AFTER, self._start_watcher, receive)
+        """From the next tick on, a disconnect of the client cancels the request."""
+        self._receive = receive
 
-    def _start_watcher(self, receive: Any) -> None:
-        self._watcher = self._loop.create_task(self._watch(receive))
+    def _tick(self) -> None:
+        loop = self._loop
+        if self._watcher is None and self._receive is not None:
+            self._watcher = loop.create_task(self._watch(self._receive))
+        if loop.time() >= self._deadline_at:
+            self.fire("deadline")
+        elif self._watcher is None:  # not watching yet: look again soon
+            self._deadline = loop.call_at(
+                min(self._deadline_at, loop.time() + self.WATCH_AFTER), self._tick
+            )
+        else:
+            self._deadline = loop.call_at(self._deadline_at, self._tick)
 
     async def _watch(self, receive: Any) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -688,8 +703,6 @@ class _Interrupt:
     def close(self) -> None:
         self.stop()
         self._app._live.discard(self)
-        if self._watch_timer is not None:
-            self._watch_timer.cancel()
         if self._watcher is not None and not self._watcher.done():
             self._watcher.cancel()
 
