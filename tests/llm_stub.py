@@ -6,6 +6,8 @@ Deterministic, as a seeded sampler is: the same messages and ``seed`` get the sa
 (ids included). A question in ``answers`` is answered at once, with its answer. With an
 odd ``seed`` it is careless: it answers at once with the first number of the question; so
 K rollouts seeded 0..K-1 of one question disagree whenever the other answer is right.
+``broken`` makes it misbehave after its first ``broken_after`` requests: ``"401"`` refuses
+the key and names it, as providers do; ``"html"`` answers 200 with a web page.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from threaded_server import ThreadedServer
 
@@ -35,20 +37,32 @@ def _digest(body: dict[str, Any]) -> str:
 
 
 class LLMStub(ThreadedServer):
-    def __init__(self, port: int, answers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        answers: dict[str, str] | None = None,
+        *,
+        broken: str | None = None,
+        broken_after: int = 0,
+    ) -> None:
         self.port = port
         self.answers = answers or {}  # question -> the answer it "knows", given at once
+        self.broken, self.broken_after = broken, broken_after
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str] = []
         super().__init__(port, [Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
-    async def _chat(self, request: Request) -> JSONResponse | StreamingResponse:
+    async def _chat(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
         authorization = request.headers.get("authorization", "")
         self.authorizations.append(authorization)
-        if body["model"] == "reject-key":  # as providers do: the error names the key
+        broken = self.broken if len(self.requests) > self.broken_after else None
+        if broken == "html":
+            page = "<html><body><h1>Welcome to nginx!</h1></body></html>"
+            return HTMLResponse(page)
+        if body["model"] == "reject-key" or broken == "401":  # the error names the key
             key = authorization.removeprefix("Bearer ")
             return JSONResponse(
                 {

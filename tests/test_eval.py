@@ -106,6 +106,11 @@ def run_eval(config: Path, *args: str, timeout: float = 300) -> subprocess.Compl
     )
 
 
+def chats(llm: LLMStub) -> list[dict[str, Any]]:
+    """The LLM requests of the run, without eval's one-token test completion."""
+    return [r for r in llm.requests if r.get("max_tokens") != 1]
+
+
 def questions(count: int) -> list[str]:
     lines = DATA.read_text().splitlines()[:count]
     return [json.loads(line)["messages"][-1]["content"] for line in lines]
@@ -143,7 +148,13 @@ def test_sample_functions_give_known_scores(sample_run: Any) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] is True and summary["stopped_early"] is None
     assert summary["samples"] == 8 and summary["rollouts_per_sample"] == 4  # n_rollouts
-    assert summary["trajectories"] == {"total": 32, "succeeded": 32, "failed": 0, "not_run": 0}
+    assert summary["trajectories"] == {
+        "total": 32,
+        "succeeded": 32,
+        "failed": 0,
+        "not_run": 0,
+        "unscored": 0,
+    }
 
     answer = summary["rewards"]["answer-match"]
     # lines 1-3: seeds 0 and 2 right, 1 and 3 wrong; lines 4-8: all wrong
@@ -173,7 +184,7 @@ def test_sample_functions_give_known_scores(sample_run: Any) -> None:
 
     # the rollout reached the LLM named in the job (model.name), with the seeds
     assert {r["model"] for r in llm.requests} == {"stub-model"}
-    assert sorted({r["seed"] for r in llm.requests}) == [0, 1, 2, 3]
+    assert sorted({r["seed"] for r in chats(llm)}) == [0, 1, 2, 3]
 
     # the terminal table, and the red flags in words
     assert "answer-match" in done.stdout and "weighted total" in done.stdout
@@ -326,7 +337,7 @@ def test_without_the_eval_extra_the_page_is_skipped_and_said_so(tmp_path: Path) 
         "summary.json",
         "trajectories.jsonl",
     ]
-    assert len(llm.requests) == 4
+    assert len(chats(llm)) == 4
 
 
 def test_a_function_is_run_from_its_package(tmp_path: Path) -> None:
@@ -334,7 +345,8 @@ def test_a_function_is_run_from_its_package(tmp_path: Path) -> None:
     serves the package, says it cannot start, with the server's own error."""
     notes = _ours("reward", "notes", "needs_notes:NeedsNotes")
     config = job_file(tmp_path, [ROLLOUT, notes])
-    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url)
     assert done.returncode == 1, done.stderr
     assert "notes (needs_notes:NeedsNotes) exited with code" in done.stderr
     assert "notes.md" in done.stderr
@@ -359,11 +371,11 @@ def test_an_opd_job_without_a_rollout_asks_the_llm(tmp_path: Path) -> None:
         )
     assert done.returncode == 0, done.stderr
     # one chat completion per trajectory: the line's messages, no tools, the model given
-    assert len(llm.requests) == 6
+    assert len(chats(llm)) == 6
     assert {r["model"] for r in llm.requests} == {"m"}
-    asked = sorted(r["messages"][0]["content"] for r in llm.requests)
+    asked = sorted(r["messages"][0]["content"] for r in chats(llm))
     assert asked == sorted(q for q in questions(3) for _ in range(2))
-    assert all(len(r["messages"]) == 1 and "tools" not in r for r in llm.requests)
+    assert all(len(r["messages"]) == 1 and "tools" not in r for r in chats(llm))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["functions"]["llm"]["calls"] == 6
     assert summary["rewards"]["answer-match"]["scores"]["mean"] == pytest.approx(2 / 6)

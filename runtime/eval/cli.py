@@ -1,9 +1,10 @@
 """``python -m runtime eval``: its options and its exit codes.
 
-Exit codes: 0 the run completed; 1 it stopped early (too many failed calls), a function
-could not start, or ``--fail-on-flags`` and a red flag was raised; 2 a usage error (the
-command line, the job file or the data); 130 interrupted. Only argparse is imported at
-module level: ``serve`` builds this parser too.
+Exit codes: 0 the run completed; 1 it stopped early (too many failed calls, a server
+exited), a function could not start, the LLM did not answer its test completion, or
+``--fail-on-flags`` and a red flag was raised; 2 a usage error (the command line, the job
+file, the data, ``--out``); 128 + the signal when stopped by one (130 Ctrl-C, 143 SIGTERM,
+129 SIGHUP). Only argparse is imported at module level: ``serve`` builds this parser too.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def add_command(commands: Any) -> None:
         "upload, run K rollouts for each of the first N data lines against an "
         "OpenAI-compatible LLM, score them with every reward and group reward over HTTP, "
         "and report scores, failures, latencies and red flags. Exit codes: 0 completed; "
-        "1 stopped early, a function could not start, or a red flag with --fail-on-flags; "
-        "2 usage error.",
+        "1 stopped early, a function could not start, the LLM did not answer, or a red flag "
+        "with --fail-on-flags; 2 usage error; 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.",
         epilog="example: cd sample_functions && python -m runtime eval -c rl-job.yaml "
-        "--llm-base-url http://127.0.0.1:8001/v1 --out eval-out",
+        "--llm-base-url http://127.0.0.1:8001/v1 --out /tmp/calc-eval  (keep --out outside "
+        "the workspace: register would package it)",
     )
     parser.add_argument("-c", "--config", required=True, metavar="YAML", help="the job file")
     parser.add_argument(
@@ -93,13 +95,28 @@ def add_command(commands: Any) -> None:
     parser.add_argument(
         "--out",
         metavar="DIR",
-        help="write trajectories.jsonl, summary.json, report.html and the servers' logs here",
+        help="write trajectories.jsonl, summary.json, report.html and the servers' logs here "
+        "(checked before the run; a directory holding other files is refused without --force)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a --out directory that holds other files (eval's own are replaced, "
+        "the others left alone)",
     )
     llm = parser.add_argument_group("the LLM (any OpenAI-compatible endpoint)")
     llm.add_argument("--llm-base-url", help="e.g. http://127.0.0.1:8001/v1 [env LLM_BASE_URL]")
     llm.add_argument("--llm-model", help="the model name [env LLM_MODEL; default: model.name]")
     llm.add_argument(
         "--llm-api-key", help="sent to the LLM only, never printed [env LLM_API_KEY; default EMPTY]"
+    )
+    llm.add_argument(
+        "--llm-timeout",
+        type=_positive(float),
+        default=60.0,
+        metavar="S",
+        help="seconds for the test completion eval sends first, and for each chat completion "
+        "it asks itself (a job without a rollout) (default 60)",
     )
     parser.add_argument(
         "--ground-truth-key",
@@ -127,32 +144,90 @@ def add_command(commands: Any) -> None:
     )
 
 
+class _Signalled(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the run as Ctrl-C does: every server stopped
+    # SIGTERM and SIGHUP (the terminal closed) stop the run as Ctrl-C does: every server
+    # stopped, the temporary directory removed
+    raise _Signalled(signum)
+
+
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``eval``; its exit status."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _STOPPING}
     try:
         return _run(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # a second signal while stopping must not cut the cleanup short
+        for sig in _STOPPING:
+            signal.signal(sig, signal.SIG_IGN)
         print("interrupted: every server eval started is stopped", file=sys.stderr)
-        return 130
+        return 128 + (exc.signum if isinstance(exc, _Signalled) else signal.SIGINT)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_scrub: Any = str  # the run's Scrubber.text once the plan is made
 
 
 def _error(message: str, code: int) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {_scrub(message)}", file=sys.stderr)
     return code
 
 
+_OWN_FILES = ("trajectories.jsonl", "summary.json", "report.html", "logs")
+
+
+def _prepare_out(out: Path, force: bool) -> str | None:
+    """Create ``out`` and check it can be written, before anything starts; eval's files of an
+    earlier run there are removed (never to be mistaken for this run's). None when usable,
+    else why not."""
+    import shutil
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: exists and is not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        return f"--out {out}: cannot write there: {exc.strerror or exc}"
+    others = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES)
+    if others and not force:
+        shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+        return (
+            f"--out {out}: holds files that are not eval's ({shown}); choose an empty or new "
+            "directory, or pass --force (eval's files are replaced, the others left alone)"
+        )
+    for name in _OWN_FILES:
+        path = out / name
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        except OSError as exc:
+            return f"--out {out}: cannot replace {name}: {exc.strerror or exc}"
+    return None
+
+
 def _run(args: argparse.Namespace) -> int:
+    global _scrub
     from runtime.eval import plan as plans
+    from runtime.eval.serving import remove_stale
     from runtime.platform.functions import ComponentError, check_imports
     from runtime.platform.progress import Reporter
 
+    remove_stale()  # what an eval killed with -9 left
     try:
         plan = plans.make(
             args.config,
@@ -164,6 +239,7 @@ def _run(args: argparse.Namespace) -> int:
             llm_base_url=args.llm_base_url or os.environ.get("LLM_BASE_URL"),
             llm_model=args.llm_model or os.environ.get("LLM_MODEL"),
             llm_api_key=args.llm_api_key or os.environ.get("LLM_API_KEY") or "EMPTY",
+            llm_timeout=args.llm_timeout,
             ground_truth_key=args.ground_truth_key,
             seed=args.seed,
             max_failure_rate=args.max_failure_rate,
@@ -172,6 +248,10 @@ def _run(args: argparse.Namespace) -> int:
         return _error(str(exc), 2)
     except plans.StartError as exc:
         return _error(str(exc), 1)
+    _scrub = plan.scrub.text
+    out = Path(args.out) if args.out else None
+    if out is not None and (problem := _prepare_out(out, args.force)):
+        return _error(problem, 2)
     if plan.rollout is None:
         try:
             import openai  # noqa: F401
@@ -195,9 +275,15 @@ def _run(args: argparse.Namespace) -> int:
         if f.kind == "reward" and f.component.spec is not None
     }
 
-    from runtime.eval import report, runner, serving, stats
+    from runtime.eval import probe, report, runner, serving, stats
 
-    out = Path(args.out) if args.out else None
+    assert plan.llm is not None
+    try:
+        with reporter.step(f"asking the LLM for a test completion ({plan.llm.model})"):
+            probe.probe(plan.llm, plan.scrub)
+    except probe.ProbeError as exc:
+        return _error(str(exc), 1)
+
     inside = out and next(
         (f for f in plan.functions if out.resolve().is_relative_to(f.component.zipdir)), None
     )
@@ -212,22 +298,29 @@ def _run(args: argparse.Namespace) -> int:
             starting = f"starting {len(plan.functions)} function(s) from their packages"
             with reporter.step(starting) if plan.functions else contextlib.nullcontext():
                 served = stack.enter_context(
-                    serving.serve_all(plan.functions, out / "logs" if out else None)
+                    serving.serve_all(
+                        plan.functions, out / "logs" if out else None, plan.scrub.text
+                    )
                 )
-            results = runner.run(plan, {name: s.url for name, s in served.items()})
+            urls = {name: s.url for name, s in served.items()}
+            results = runner.run(plan, urls, serving.exited(served))
     except plans.StartError as exc:
         return _error(str(exc), 1)
 
     summary = stats.summarise(plan, results, weights)
-    report.print_table(summary)
+    try:  # the files first: a table that fails to print must not lose them
+        if out is not None:
+            report.write_files(plan, results, summary, out)
+            try:
+                page = report.write_html(plan, results, summary, out)
+                written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}, {page}"
+            except report.ReportUnavailable as exc:
+                written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}"
+                reporter.note(f"warning: {exc}")
+    finally:
+        report.print_table(summary)
     if out is not None:
-        report.write_files(plan, results, summary, out)
-        try:
-            page = report.write_html(plan, results, summary, out)
-            reporter.note(f"wrote {out / 'trajectories.jsonl'}, {out / 'summary.json'}, {page}")
-        except report.ReportUnavailable as exc:
-            reporter.note(f"wrote {out / 'trajectories.jsonl'}, {out / 'summary.json'}")
-            reporter.note(f"warning: {exc}")
+        reporter.note(f"wrote {written}")
     if results.stopped:
         return _error(results.stopped, 1)
     if args.fail_on_flags and summary["flags"]:

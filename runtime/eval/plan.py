@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from runtime.eval.secrets import Scrubber
 from runtime.platform.config import JobFile, load_job_file
 from runtime.platform.functions import Component, resolve
 
@@ -34,9 +35,10 @@ class StartError(Exception):
 
 @dataclass(frozen=True)
 class LLM:
-    base_url: str
+    base_url: str  # as given, userinfo included: shown only through without_userinfo
     model: str
     api_key: str
+    timeout: float = 60.0  # the probe's and each chat completion's, --llm-timeout
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Plan:
     llm: LLM | None
     seed: int | None
     max_failure_rate: float
+    ground_truth_key: str | None = None
+    scrub: Scrubber = field(default_factory=lambda: Scrubber(None, None, []))
     eval_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     @property
@@ -203,6 +207,7 @@ def make(
     llm_base_url: str | None = None,
     llm_model: str | None = None,
     llm_api_key: str = "EMPTY",
+    llm_timeout: float = 60.0,
     ground_truth_key: str | None = None,
     seed: int | None = None,
     max_failure_rate: float = 0.5,
@@ -237,15 +242,18 @@ def make(
     if not model:
         raise PlanError("no LLM model: pass --llm-model (env LLM_MODEL) or set model.name")
     paths = _data_paths(job, split, data)
+    lines = read_samples(paths, samples, ground_truth_key)
     return Plan(
         job=job,
         functions=functions,
         data=paths,
-        samples=read_samples(paths, samples, ground_truth_key),
+        samples=lines,
         rollouts=rollouts or (hyper.n_rollouts if hyper and hyper.n_rollouts else 4),
         concurrency=concurrency,
         sampling_params=dict(sampling) if sampling else dict(DEFAULT_SAMPLING),
-        llm=LLM(llm_base_url, model, llm_api_key),
+        llm=LLM(llm_base_url, model, llm_api_key, llm_timeout),
         seed=seed,
         max_failure_rate=max_failure_rate,
+        ground_truth_key=ground_truth_key,
+        scrub=Scrubber(llm_api_key, llm_base_url, [s.record for s in lines]),
     )

@@ -18,7 +18,7 @@ import orjson
 
 from runtime.eval.plan import Plan
 from runtime.eval.runner import Results, Trajectory
-from runtime.eval.stats import total_of
+from runtime.eval.stats import total_of, unscored
 
 __all__ = ["ReportUnavailable", "print_table", "write_files", "write_html"]
 
@@ -69,12 +69,15 @@ def _print_whole(console: Any, table: Any) -> None:
 
 
 def print_table(summary: dict[str, Any], stream: Any = None) -> None:
-    """The summary as tables on stdout (rich; 140 columns when not a terminal)."""
+    """The summary as tables on stdout (rich; 140 columns when not a terminal). Markup is
+    off: names and error messages are the user's text, ``[/INST]`` included."""
     from rich.console import Console
     from rich.table import Table
 
     stream = stream or sys.stdout
-    console = Console(file=stream, width=None if stream.isatty() else 140, highlight=False)
+    console = Console(
+        file=stream, width=None if stream.isatty() else 140, highlight=False, markup=False
+    )
     functions = Table(title="Functions", **_TABLE)
     for column in ("function", "type", "calls", "failed", "errors", "p50", "p95", "max", "timeout"):
         functions.add_column(
@@ -142,8 +145,8 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
             )
             for sub, stats in row["sub_rewards"].items():
                 failed = f" ({stats['failures']} failed)" if stats["failures"] else ""
-                add(f"  └ {sub}{failed}", None, stats, "")
-        total = summary["total"]
+                add(f"  └ {sub}{failed}", stats["weight"], stats, "")
+        total = summary.get("total")
         if total is not None:
             add(
                 "weighted total",
@@ -155,19 +158,26 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
 
     done = summary["trajectories"]
     console.print(
-        f"{summary['samples']} samples x {summary['rollouts_per_sample']} rollouts: "
-        f"{done['succeeded']} trajectories, {done['failed']} failed"
-        + (f", {done['not_run']} not run" if done["not_run"] else "")
-        + f" in {summary['elapsed_s']:.1f} s"
+        f"{summary['samples']} samples x {summary['rollouts_per_sample']} rollouts = "
+        f"{done['total']} trajectories: {done['succeeded']} succeeded, {done['failed']} failed, "
+        f"{done['not_run']} not run"
+        + (f" ({done['unscored']} succeeded but unscored: stopped)" if done["unscored"] else "")
+        + f", in {summary['elapsed_s']:.1f} s"
     )
+    for name, row in summary["rewards"].items():
+        if row.get("sub_rewards_without_weight"):
+            console.print(
+                f"note: {name} reports sub-reward(s) with no weight: "
+                + ", ".join(row["sub_rewards_without_weight"])
+            )
     if summary["flags"]:
-        console.print(f"[bold red]{len(summary['flags'])} red flag(s):[/bold red]")
+        console.print(f"{len(summary['flags'])} red flag(s):", style="bold red")
         for flag in summary["flags"]:
-            console.print(f"[red]  ✗ {flag['message']}[/red]", markup=True)
+            console.print(f"  ✗ {flag['message']}", style="red")
     else:
-        console.print("[green]no red flags[/green]")
+        console.print("no red flags", style="green")
     if summary["stopped_early"]:
-        console.print(f"[bold red]{summary['stopped_early']}[/bold red]")
+        console.print(summary["stopped_early"], style="bold red")
 
 
 def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
@@ -175,11 +185,12 @@ def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
         name: {k: v for k, v in metrics.items() if "." not in k}
         for name, metrics in trajectory.metrics.items()
     }
-    return {
+    line = {
         "file": trajectory.sample.file,
         "line": trajectory.sample.line,
         "rollout": trajectory.index,
         "status": trajectory.status,
+        "unscored": unscored(plan, trajectory),  # scorers the run stopped before
         "error_code": trajectory.error_code,
         "error": trajectory.error,
         "messages": trajectory.messages,
@@ -187,10 +198,13 @@ def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
         "scores": trajectory.scores,
         "reward_metrics": trajectory.metrics,
         "sub_rewards": subs,
-        "total": total_of(plan, trajectory),
+        "total": total_of(plan, trajectory),  # null: not every reward scored it
         "latency_s": trajectory.latency,
         "errors": trajectory.errors,
     }
+    if not (plan.rewards or plan.group_rewards):
+        del line["total"]  # no reward, no total: absent, as in summary.json
+    return plan.scrub.value(line)
 
 
 def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> None:
@@ -221,7 +235,7 @@ def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, 
 
     charts: dict[str, Any] = {"rewards": [], "latency": None}
     scorers = [f.name for f in plan.rewards + plan.group_rewards]
-    if summary["total"] is not None:
+    if "total" in summary:
         scorers.append("weighted total")
     for name in scorers:
         if name == "weighted total":
@@ -351,5 +365,5 @@ def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path)
         job_name=plan.job.config.name,
     )
     path = out / "report.html"
-    path.write_text(page, encoding="utf-8")
+    path.write_text(plan.scrub.text(page), encoding="utf-8")
     return path

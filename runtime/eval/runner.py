@@ -6,8 +6,10 @@ platform builds them. Progress on stderr; an early stop when too many calls fail
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,10 @@ class Results:
     elapsed: float
 
 
+# name -> why its server is gone ("exited with code 137; its log ends: ..."), or None
+Exited = Callable[[str], "str | None"]
+
+
 class _Stop(Exception):
     pass
 
@@ -90,7 +96,7 @@ class _Progress:
         )
 
         self._bar = Progress(
-            TextColumn("{task.description:<22}"),
+            TextColumn("{task.description:<22}", markup=False),  # names may hold [brackets]
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("[red]{task.fields[failed]} failed[/red]"),
@@ -133,9 +139,12 @@ def _compact(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Runner:
-    def __init__(self, plan: Plan, urls: dict[str, str], progress: _Progress) -> None:
+    def __init__(
+        self, plan: Plan, urls: dict[str, str], progress: _Progress, exited: Exited | None
+    ) -> None:
         self.plan = plan
         self.urls = urls
+        self.exited = exited
         self.progress = progress
         self.calls: list[Call] = []
         self.stopped: str | None = None
@@ -145,6 +154,9 @@ class _Runner:
             headers={"content-type": "application/json"},
         )
         self.llm: Any = None
+        n, k = len(plan.samples), plan.rollouts
+        self.planned = {f.name: n if f.kind == "group_reward" else n * k for f in plan.functions}
+        self.planned[LLM_NAME] = n * k
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -152,11 +164,19 @@ class _Runner:
         """Count the call; stop the run when its function fails too often (each function on
         its own calls, so that a reward that always fails stops the run even while the
         rollouts all succeed)."""
+        if call.error is not None:
+            call.error = self.plan.scrub.text(call.error)
         self.calls.append(call)
         self.progress.done(stage, not call.ok)
+        if call.error_code == "SERVER_EXITED":
+            self.stopped = f"stopped: {call.function}'s server {call.error}"
+            raise _Stop
         calls = [c for c in self.calls if c.function == call.function]
         failed = [c for c in calls if not c.ok]
-        if len(calls) < EARLY_STOP_AFTER or len(failed) / len(calls) <= self.plan.max_failure_rate:
+        # after its first 20 calls, or all of them when it has fewer: a short run whose
+        # calls all fail is stopped too, never a silent exit 0
+        after = min(EARLY_STOP_AFTER, self.planned.get(call.function, EARLY_STOP_AFTER))
+        if len(calls) < after or len(failed) / len(calls) <= self.plan.max_failure_rate:
             return
         (code, count), *_ = Counter(c.error_code for c in failed).most_common(1)
         example = next(c.error for c in failed if c.error_code == code) or ""
@@ -195,10 +215,9 @@ class _Runner:
             except httpx.TimeoutException:
                 latency = time.perf_counter() - started
                 return None, Call(function.name, False, latency, "CLIENT_TIMEOUT", "no answer")
-            except httpx.HTTPError as exc:
+            except Exception as exc:  # any failure is this call's, not the run's
                 latency = time.perf_counter() - started
-                detail = f"{type(exc).__name__}: {exc}"
-                return None, Call(function.name, False, latency, "CONNECTION_ERROR", detail)
+                return None, self._transport_error(function, body, latency, exc)
             latency = time.perf_counter() - started
         try:
             output = orjson.loads(response.content)
@@ -212,6 +231,25 @@ class _Runner:
             message = output.get("error") or output.get("detail")
             return output, Call(function.name, False, latency, str(code), str(message))
         return output, Call(function.name, True, latency)
+
+    def _transport_error(
+        self, function: FunctionUnderTest, body: dict[str, Any], latency: float, exc: Exception
+    ) -> Call:
+        """No answer: the server died, refused a body too large (413, then it closes the
+        connection before the body is sent, so the client sees only a reset), or else."""
+        gone = self.exited(function.name) if self.exited else None
+        if gone:
+            return Call(function.name, False, latency, "SERVER_EXITED", gone)
+        size = len(orjson.dumps(body))
+        limit = _max_body(function)
+        if size > limit:
+            message = (
+                f"HTTP 413: request body is larger than {limit} bytes ({size} bytes; the "
+                "server's --max-body, MAX_BODY_BYTES)"
+            )
+            return Call(function.name, False, latency, "BODY_TOO_LARGE", message)
+        detail = f"{type(exc).__name__}: {exc}"
+        return Call(function.name, False, latency, "CONNECTION_ERROR", detail)
 
     # ---- stages -----------------------------------------------------------------------
 
@@ -272,15 +310,19 @@ class _Runner:
                     model=plan.llm.model,
                     messages=record["messages"],
                     extra_body=extra or None,
-                    timeout=600,
+                    timeout=plan.llm.timeout,
                     **tools,
                     **known,
                 )
                 message = response.choices[0].message.model_dump(exclude_none=True)
                 call = Call(LLM_NAME, True, time.perf_counter() - started)
-            except (OpenAIError, IndexError) as exc:
-                code = getattr(exc, "code", None) or type(exc).__name__
-                call = Call(LLM_NAME, False, time.perf_counter() - started, str(code), str(exc))
+            except Exception as exc:  # a bad answer fails this call, not the run
+                code = getattr(exc, "code", None) if isinstance(exc, OpenAIError) else None
+                if isinstance(exc, AttributeError | TypeError):  # a 200 that is not JSON
+                    code = "INVALID_RESPONSE"
+                detail = f"{type(exc).__name__}: {exc}"
+                latency = time.perf_counter() - started
+                call = Call(LLM_NAME, False, latency, str(code or type(exc).__name__), detail)
         trajectory.latency[LLM_NAME] = call.latency
         if call.ok:
             trajectory.messages = [*record["messages"], message]
@@ -375,6 +417,17 @@ class _Runner:
                 await self.llm.close()
 
 
+def _max_body(function: FunctionUnderTest) -> int:
+    """The served function's request body limit, as its server reads it."""
+    from runtime.config import Settings
+
+    value = function.env.get("MAX_BODY_BYTES") or os.environ.get("MAX_BODY_BYTES")
+    try:
+        return int(value) if value else int(Settings.max_body)
+    except ValueError:
+        return int(Settings.max_body)
+
+
 def _leaves(group: BaseException) -> list[BaseException]:
     nested = getattr(group, "exceptions", None)
     if nested is None:
@@ -382,11 +435,12 @@ def _leaves(group: BaseException) -> list[BaseException]:
     return [leaf for e in nested for leaf in _leaves(e)]
 
 
-def run(plan: Plan, urls: dict[str, str]) -> Results:
-    """Run the plan against the served functions (name -> base URL)."""
+def run(plan: Plan, urls: dict[str, str], exited: Exited | None = None) -> Results:
+    """Run the plan against the served functions (name -> base URL); ``exited`` says why a
+    function's server is gone, when it is."""
     trajectories = [Trajectory(s, k) for s in plan.samples for k in range(plan.rollouts)]
     started = time.monotonic()
     with _Progress(plan) as progress:
-        runner = _Runner(plan, urls, progress)
+        runner = _Runner(plan, urls, progress, exited)
         anyio.run(runner.run, trajectories)
     return Results(trajectories, runner.calls, runner.stopped, time.monotonic() - started)

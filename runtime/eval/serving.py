@@ -5,12 +5,16 @@ files that ship (``data/``, ``tests/``, ``*.md`` ... do not) plus the generated
 ``start.sh``, which runs ``python -m runtime serve`` on the port the platform names in
 ``FC_SERVER_PORT``. Each server runs in its own session, so that a Ctrl-C in the terminal
 reaches eval only, which then stops every server it started (their children too) and
-removes the temporary directory.
+removes the temporary directory. Should eval be killed outright (``kill -9``), the kernel
+sends each server SIGTERM (Linux: ``PR_SET_PDEATHSIG``), and the next eval removes the
+temporary directory the dead one left (named with its pid).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import io
 import os
 import shutil
@@ -21,7 +25,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +34,10 @@ import httpx
 from runtime.eval.plan import FunctionUnderTest, StartError
 from runtime.platform import packaging
 
-__all__ = ["Served", "serve_all"]
+__all__ = ["Served", "exited", "remove_stale", "serve_all"]
+
+_PREFIX = "runtime-eval-"
+_PR_SET_PDEATHSIG = 1
 
 START_TIMEOUT = 120.0  # setup() may load a model or a tokenizer
 _STOP_GRACE = 10.0
@@ -112,6 +119,55 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text.strip().splitlines()[-lines:])
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel SIGTERM the child when eval dies, however it dies
+    (``kill -9`` included); None where prctl is not there (not Linux)."""
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # eval died before prctl: nobody would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale() -> None:
+    """Remove the temporary directories of evals that are gone (killed with -9)."""
+    with contextlib.suppress(OSError):
+        for entry in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+            pid = entry.name[len(_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def exited(served: dict[str, Served]) -> Callable[[str], str | None]:
+    """name -> why its server is gone (exit code and the end of its log), None if it runs."""
+
+    def why(name: str) -> str | None:
+        found = served.get(name)
+        code = found.process.poll() if found else None
+        if found is None or code is None:
+            return None
+        return f"exited with code {code} during the run; its log ends:\n{_tail(found.log)}"
+
+    return why
+
+
 def _start(function: FunctionUnderTest, root: Path) -> Served:
     folder = unpack_package(function, root / function.name)
     port = _free_port()
@@ -125,6 +181,7 @@ def _start(function: FunctionUnderTest, root: Path) -> Served:
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent(),  # prctl only: no lock taken after fork
         )
     return Served(function, f"http://127.0.0.1:{port}", process, log)
 
@@ -171,10 +228,13 @@ def _stop(started: list[Served]) -> None:
 
 @contextlib.contextmanager
 def serve_all(
-    functions: list[FunctionUnderTest], logs_to: Path | None = None
+    functions: list[FunctionUnderTest],
+    logs_to: Path | None = None,
+    scrub: Callable[[str], str] = str,
 ) -> Iterator[dict[str, Served]]:
-    """Every function served and ready; all stopped and the directory removed on exit."""
-    root = Path(tempfile.mkdtemp(prefix="runtime-eval-"))
+    """Every function served and ready; all stopped and the directory removed on exit. The
+    logs copied to ``logs_to`` pass through ``scrub``."""
+    root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     started: list[Served] = []
     try:
         for function in functions:
@@ -189,5 +249,6 @@ def serve_all(
             with contextlib.suppress(OSError):
                 logs_to.mkdir(parents=True, exist_ok=True)
                 for served in started:
-                    shutil.copyfile(served.log, logs_to / served.log.name)
+                    text = served.log.read_text(encoding="utf-8", errors="replace")
+                    (logs_to / served.log.name).write_text(scrub(text), encoding="utf-8")
         shutil.rmtree(root, ignore_errors=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from runtime.eval.plan import Plan
 from runtime.eval.runner import LLM_NAME, Results, Trajectory
+from runtime.eval.secrets import without_userinfo
 
 __all__ = ["FAILURE_RATE_FLAG", "LATENCY_SHARE_FLAG", "percentile", "score_stats", "summarise"]
 
@@ -72,16 +73,37 @@ def total_of(plan: Plan, trajectory: Trajectory) -> float | None:
     return sum(f.weight * trajectory.scores[f.name] for f in scorers)
 
 
-def _sub_rewards(plan: Plan, results: Results, name: str, declared: list[str]) -> dict[str, Any]:
+def unscored(plan: Plan, trajectory: Trajectory) -> list[str]:
+    """The scorers that never scored a trajectory whose rollout succeeded, nor failed on
+    it: the run stopped before they were called."""
+    if trajectory.status != "success":
+        return []
+    return [
+        f.name
+        for f in plan.rewards + plan.group_rewards
+        if f.name not in trajectory.scores and f.name not in trajectory.errors
+    ]
+
+
+def reported(metrics: list[dict[str, Any]]) -> list[str]:
+    """The sub-reward names a reward reported (``x``, ``x.failed``, ``x.error`` ... -> x)."""
+    return list(dict.fromkeys(str(k).split(".", 1)[0] for m in metrics for k in m))
+
+
+def _sub_rewards(
+    plan: Plan, results: Results, name: str, weights: dict[str, float]
+) -> dict[str, Any]:
     metrics = [t.metrics[name] for t in results.trajectories if name in t.metrics]
-    names = list(declared)
-    for found in metrics:
-        names += [k[: -len(".failed")] for k in found if k.endswith(".failed")]
     out = {}
-    for sub in dict.fromkeys(names):
+    for sub in dict.fromkeys([*weights, *reported(metrics)]):
         values = [float(m[sub]) for m in metrics if isinstance(m.get(sub), (int, float))]
         failures = sum(m.get(f"{sub}.failed") == 1.0 for m in metrics)
-        out[sub] = {**score_stats(values), "failures": failures, "calls": len(metrics)}
+        out[sub] = {
+            **score_stats(values),
+            "weight": weights.get(sub),
+            "failures": failures,
+            "calls": len(metrics),
+        }
     return out
 
 
@@ -94,7 +116,8 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
     functions: dict[str, Any] = {}
     served = [(f.name, f.kind, f.timeout) for f in plan.functions]
     if plan.rollout is None:
-        served.insert(0, (LLM_NAME, "llm", 600.0))
+        assert plan.llm is not None
+        served.insert(0, (LLM_NAME, "llm", plan.llm.timeout))
     for name, kind, timeout in served:
         calls = [c for c in results.calls if c.function == name]
         failures = [c for c in calls if not c.ok]
@@ -141,7 +164,8 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
         values = [t.scores[name] for t in trajectories if name in t.scores]
         stats = score_stats(values)
         groups, flat = _groups(trajectories, lambda t, n=name: t.scores.get(n))
-        subs = _sub_rewards(plan, results, name, list(weights.get(name) or {}))
+        weighted = dict(weights.get(name) or {})
+        subs = _sub_rewards(plan, results, name, weighted)
         rewards[name] = {
             "type": function.kind,
             "weight": function.weight,
@@ -159,6 +183,19 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
                     "trajectories: it cannot tell a good trajectory from a bad one",
                 }
             )
+        metrics = [t.metrics[name] for t in trajectories if name in t.metrics]
+        found = reported(metrics)
+        rewards[name]["sub_rewards_without_weight"] = [s for s in found if s not in weighted]
+        for sub in weighted:
+            if metrics and sub not in found:  # scored, yet never a word of this sub-reward
+                flags.append(
+                    {
+                        "kind": "weight_never_reported",
+                        "function": name,
+                        "message": f"{name}: weight set for sub-reward {sub}, which the "
+                        f"function never reports (it reports: {', '.join(found) or 'nothing'})",
+                    }
+                )
         for sub, numbers in subs.items():
             if numbers["calls"] and numbers["failures"] == numbers["calls"]:
                 flags.append(
@@ -169,6 +206,16 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
                         f"({numbers['failures']}), so it scored 0 each time",
                     }
                 )
+
+    if plan.ground_truth_key and all(s.ground_truth is None for s in plan.samples):
+        flags.append(
+            {
+                "kind": "ground_truth_key",
+                "function": "data",
+                "message": f"--ground-truth-key {plan.ground_truth_key} matches none of the "
+                f"{len(plan.samples)} lines: every call got ground_truth null",
+            }
+        )
 
     total: dict[str, Any] | None = None
     if plan.rewards or plan.group_rewards:
@@ -191,12 +238,16 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
             )
 
     assert plan.llm is not None
-    return {
+    summary = {
         "config": str(plan.job.path),
         "data": [str(p) for p in plan.data],
         "samples": len(plan.samples),
         "rollouts_per_sample": plan.rollouts,
-        "llm": {"base_url": plan.llm.base_url, "model": plan.llm.model},
+        "llm": {
+            "base_url": without_userinfo(plan.llm.base_url),
+            "model": plan.llm.model,
+            "timeout_s": plan.llm.timeout,
+        },
         "completed": results.stopped is None,
         "stopped_early": results.stopped,
         "elapsed_s": results.elapsed,
@@ -205,9 +256,12 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
             "succeeded": status["success"],
             "failed": status["failed"],
             "not_run": status["pending"],
+            "unscored": sum(bool(unscored(plan, t)) for t in trajectories),
         },
         "functions": functions,
         "rewards": rewards,
-        "total": total,
         "flags": flags,
     }
+    if total is not None:  # a job without rewards has no total: the key is absent
+        summary["total"] = total
+    return plan.scrub.value(summary)

@@ -44,3 +44,18 @@ class BrokenSubReward(AbstractRewardProcessor):
     @sub_reward_func("judge", sub_weight=0.5)
     def judge(self, input_data: RewardInput) -> RewardOutput:
         raise TimeoutError("the judge did not answer")
+
+
+class RaisesBrackets(AbstractRewardProcessor):
+    """Its error reads like rich markup: an LLM's chat template tokens."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        raise ValueError("no answer after [/INST] in [bold]the output")
+
+
+class ExitsOnCall(AbstractRewardProcessor):
+    """Its server dies on the first call, with exit code 3 and a last word in its log."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        print("ExitsOnCall: going down", flush=True)
+        os._exit(3)
