@@ -15,6 +15,7 @@ every file.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import os
 import shutil
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import uuid
 import zipfile
 from dataclasses import dataclass, field
@@ -79,6 +81,7 @@ class PlatformStandIn(ThreadedServer):
         self.busy = dict(busy or {})  # path prefix -> how many 503s to answer first
         self.slow = dict(slow or {})  # path prefix -> seconds to sleep before answering
         self.job_outcome = job_outcome
+        self.echo_key = False  # answer a wrong key by echoing it back
         self.requests: list[dict[str, Any]] = []
         self.uploads: dict[str, bytes] = {}  # object name -> zip bytes
         self.layers: dict[str, dict[str, Any]] = {}
@@ -151,7 +154,17 @@ class PlatformStandIn(ThreadedServer):
         self.requests.append(entry)
         return entry
 
-    def _denied(self, entry: dict[str, Any]) -> JSONResponse | None:
+    def _denied(self, entry: dict[str, Any]) -> Response | None:
+        if entry["authorization"] != f"Bearer {self.api_key}" and self.echo_key:
+            # a careless platform echoing the credential back, in the forms seen in the wild
+            bearer = str(entry["authorization"])
+            key = bearer.removeprefix("Bearer ")
+            if entry["path"].startswith(f"{API}/fine-tunes/query/"):
+                message = f"bad credential {urllib.parse.quote(key, safe='')} in {bearer}"
+                return JSONResponse({"status": {"code": 401, "message": message}})
+            encoded = base64.b64encode(key.encode()).decode()
+            page = f"<html><body>500 {bearer} key={urllib.parse.quote_plus(key)} {encoded}"
+            return Response(page + "</body></html>", 500, media_type="text/html")
         if entry["authorization"] != f"Bearer {self.api_key}":
             return JSONResponse(
                 {"request_id": _rid(), "code": "InvalidApiKey", "message": "Invalid API-key."},

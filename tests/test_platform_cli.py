@@ -337,7 +337,7 @@ def test_every_error_is_one_line_and_local_errors_send_nothing(platform, workspa
     assert bad_class.returncode == 1
     line = one_error_line(bad_class)
     assert "has no attribute 'Nope'" in line
-    assert line.endswith("(checked locally, nothing uploaded)")
+    assert line.endswith("(imported from the package, checked locally, nothing uploaded)")
     (workspace / "data" / "calc_train.jsonl").write_text(
         '{"messages": [{"role": "user", "content": "hi"}]}\n[1]\n{"prompt": "x"}\n{oops\n'
     )

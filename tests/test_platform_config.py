@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import zipfile
 from importlib import metadata
 from io import BytesIO
@@ -278,3 +279,45 @@ def test_a_workspace_with_its_own_runtime_package_is_refused(tmp_path):
 def test_components_without_runtime_settings_send_only_their_layer():
     component = Component("reward", "x", SAMPLES, layer_code="layer-1")
     assert component.runtime_body() == {"layer_code": "layer-1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("training:\n  hyper_parameters:\n    learning_rate: .nan\n", ":3: training.hyper_"),
+        ("functions:\n- type: reward\n  weight: -.inf\n", ":3: functions[0].weight"),
+        ("functions:\n- type: reward\n  weight: 'nan'\n", ":3: functions[0].weight"),
+        ("observability:\n  x: [1, 2, 1.0e+999]\n", ":2: observability.x[2]"),
+    ],
+)
+def test_nan_and_infinity_are_config_errors_with_the_line(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match="not a finite number") as caught:
+        load_job_file(write(tmp_path / "job.yaml", text))
+    assert expected in str(caught.value)
+
+
+def test_nested_aliases_and_huge_files_are_refused_quickly(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    for level in "bcdefghij":
+        previous = chr(ord(level) - 1)
+        bomb += f"{level}: &{level} [*{previous}, *{previous}, *{previous}, *{previous}, "
+        bomb += f"*{previous}, *{previous}, *{previous}, *{previous}, *{previous}]\n"
+    bomb = "observability:\n" + "".join(f"  {line}\n" for line in bomb.splitlines())
+    assert len(bomb.encode()) < 1000
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="expands to more than 100000 values"):
+        load_job_file(write(tmp_path / "bomb.yaml", bomb))
+    assert time.monotonic() - started < 5  # a billion values never walked
+
+    big = write(tmp_path / "big.yaml", "name: x\n" + "# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match=r"big.yaml: 2.0 MB; a job file is at most 1.0 MB"):
+        load_job_file(big)
+
+
+def test_a_key_given_twice_names_both_lines(tmp_path):
+    text = "name: a\nfunctions:\n- type: reward\n  name: r\n  weight: 1\n  name: s\n"
+    with pytest.raises(ConfigError) as caught:
+        load_job_file(write(tmp_path / "job.yaml", text))
+    assert str(caught.value).endswith(
+        "job.yaml:6: functions[0].name is given twice (first on line 4)"
+    )

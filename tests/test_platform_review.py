@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import shutil
 import urllib.parse
 import zipfile
@@ -99,3 +98,58 @@ def test_an_instance_that_fails_to_start_is_reported_with_its_logs_and_deleted(p
     assert "no GPU on this instance: giving up" in done.stderr  # its last log lines
     assert not platform.instances  # deleted
     assert any(r["path"].startswith(f"{FT}/delete/faas/") for r in platform.requests)
+
+
+def test_a_key_the_platform_echoes_back_is_never_printed(platform):
+    platform.echo_key = True
+    key = "sk-echoed/key+with=odd&chars-0123456789"
+    forms = (
+        key,
+        urllib.parse.quote(key, safe=""),
+        urllib.parse.quote_plus(key),
+        base64.b64encode(key.encode()).decode(),
+    )
+    for args in (("job", "get", "ft-1"), ("instance", "logs", "rw-ins-1")):
+        for fmt in ("table", "json"):
+            done = cli(platform, *args, "--api-key", key, "-o", fmt)
+            assert done.returncode == 1, done.stderr
+            one_error_line(done)
+            shown = done.stdout + done.stderr
+            assert not [form for form in forms if form in shown], shown
+            assert "Bearer sk-" not in shown and "***" in shown
+    assert platform.requests[-1]["authorization"] == f"Bearer {key}"  # the key was sent
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "expected"),
+    [
+        ({"DASHSCOPE_HTTP_BASE_URL": "ftp://x/api"}, (), "is not an http(s) URL"),
+        ({"DASHSCOPE_HTTP_BASE_URL": "localhost:8080/api"}, (), "is not an http(s) URL"),
+        ({"FC_QUERY_API": "nowhere"}, (), "FC_QUERY_API 'nowhere' is not an http(s) URL"),
+        ({}, ("--api-key", "sk-abc\nX-Injected: 1"), "cannot go in an HTTP header"),
+        ({}, ("--api-key", "sk-ключ"), "cannot go in an HTTP header"),
+        ({"FC_WORKERS_COUNT": "abc"}, (), "FC_WORKERS_COUNT must be a positive whole number"),
+        ({"HTTP_REQUEST_TIMEOUT": "soon"}, (), "must be a positive number of seconds"),
+    ],
+)
+def test_local_mistakes_are_usage_errors_and_nothing_is_sent(platform, env, args, expected):
+    done = cli(platform, "job", "list", *args, env=env)
+    assert done.returncode == 2, done.stderr
+    line = one_error_line(done)
+    assert expected in line and "Traceback" not in done.stderr
+    assert "the request was sent" not in line and "nothing was sent" in line
+    assert "ключ" not in line and "X-Injected" not in line  # the key not printed
+    assert not platform.requests
+
+
+def test_the_workspace_header_goes_on_job_calls_only(platform, workspace):
+    listed = cli(platform, "job", "list", "--workspace-id", "ws-9")
+    assert listed.returncode == 0, listed.stderr
+    assert platform.requests[-1]["workspace"] == "ws-9"
+    done = cli(
+        platform, "upload-data", "--training", "data/calc_train.jsonl", "--workspace-id", "ws-9",
+        cwd=workspace,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert platform.requests[-1]["path"] == "/api/v1/files"
+    assert platform.requests[-1]["workspace"] is None  # never on file and function calls

@@ -50,6 +50,13 @@ def _common() -> argparse.ArgumentParser:
         "{workspace_id} in the base URL [env DASHSCOPE_WORKSPACE_ID]",
     )
     group.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="S",
+        help="seconds to wait for the answer to one request [env HTTP_REQUEST_TIMEOUT; "
+        "default 600]",
+    )
+    group.add_argument(
         "-o",
         "--output",
         type=_lower,
@@ -223,15 +230,20 @@ def run(args: argparse.Namespace) -> int:
     from runtime.platform.config import ConfigError
     from runtime.platform.datasets import DatasetError
     from runtime.platform.functions import ComponentError
-    from runtime.platform.http import PlatformError
+    from runtime.platform.http import PlatformError, RequestNotSent
+    from runtime.platform.scrub import add_secret
 
+    for key in (getattr(args, "api_key", None), os.environ.get("DASHSCOPE_API_KEY")):
+        if key:  # blanked from everything printed, even before it is checked
+            add_secret(key)
+            add_secret(key.strip())
     try:
         return _dispatch(args)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (UsageError, RequestNotSent) as exc:
+        _say(f"error: {exc}")
         return 2
     except (PlatformError, ConfigError, ComponentError, DatasetError, TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -242,13 +254,67 @@ def _platform(args: argparse.Namespace, reporter: Any) -> Any:
     from runtime.platform.http import DEFAULT_BASE_URL, Platform
 
     key = args.api_key if args.api_key is not None else os.environ.get("DASHSCOPE_API_KEY", "")
-    if not key.strip():
+    key = key.strip()
+    if not key:
         raise UsageError("no API key: pass --api-key or set DASHSCOPE_API_KEY (nothing was sent)")
+    if not all(33 <= ord(c) <= 126 for c in key):
+        raise UsageError(
+            "the API key has a character that cannot go in an HTTP header (a space, a line "
+            "break or a non-ASCII character): check how it was copied (nothing was sent)"
+        )
     base = args.base_url or os.environ.get("DASHSCOPE_HTTP_BASE_URL") or DEFAULT_BASE_URL
+    _check_url(base, "--base-url (or DASHSCOPE_HTTP_BASE_URL)")
     workspace = args.workspace_id or os.environ.get("DASHSCOPE_WORKSPACE_ID") or None
     return Platform(
-        base, key.strip(), notify=reporter.note, user_agent=_user_agent(), workspace=workspace
+        base,
+        key,
+        notify=reporter.note,
+        user_agent=_user_agent(),
+        workspace=workspace,
+        timeout=_request_timeout(args),
     )
+
+
+def _check_url(url: str, what: str) -> None:
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"{what} {url!r} is not an http(s) URL with a host (nothing was sent)")
+
+
+def _request_timeout(args: argparse.Namespace) -> float:
+    text = getattr(args, "request_timeout", None) or os.environ.get("HTTP_REQUEST_TIMEOUT")
+    if text is None:
+        return 600.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UsageError(
+            f"the request timeout (--request-timeout or HTTP_REQUEST_TIMEOUT) must be a "
+            f"positive number of seconds, not {text!r} (nothing was sent)"
+        )
+    return value
+
+
+def _check_environment() -> None:
+    """Settings read from the environment, checked before anything is done."""
+    from runtime.platform.packaging import PackagingError, check_environment
+
+    try:
+        check_environment()
+    except PackagingError as exc:
+        raise UsageError(f"{exc} (nothing was sent)") from None
+    from runtime.platform.http import ENDPOINT_VARIABLES
+
+    for name in ENDPOINT_VARIABLES:
+        if os.environ.get(name):
+            _check_url(os.environ[name], name)
 
 
 def _user_agent() -> str:
@@ -265,6 +331,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from runtime.platform.progress import Reporter
 
     reporter = Reporter()
+    _check_environment()
     command = args.command
     if command == "job":
         command = f"job {args.job_command}"
@@ -356,7 +423,7 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     with _platform(args, reporter) as platform:
         status, output = invoke(platform, args.instance_id, payload)
     if not isinstance(output, dict):
-        print(f"error: the instance answered HTTP {status} with {output!r}", file=sys.stderr)
+        _say(f"error: the instance answered HTTP {status} with {output!r}")
         return 1
     try:
         output_model.model_validate(output)
@@ -365,7 +432,7 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     _emit(output, args.output)
     if status >= 400 or output.get("status") == "failed":
         detail = output.get("error") or output.get("detail") or output.get("message")
-        print(f"error: the function failed (HTTP {status}): {detail}", file=sys.stderr)
+        _say(f"error: the function failed (HTTP {status}): {detail}")
         return 1
     return 0
 
@@ -479,7 +546,7 @@ def _job_logs(args: argparse.Namespace, reporter: Any) -> int:
             platform,
             args.job_id,
             on_status=lambda status: reporter.note(f"job {args.job_id}: {status}"),
-            on_line=lambda line: print(line, flush=True),
+            on_line=lambda line: _emit({"logs": [line]}, "table", lines=True),
             interval=args.poll_interval,
             timeout=None,
             offset=args.offset,
@@ -526,25 +593,49 @@ _HANDLERS = {
 
 
 def _emit(result: dict[str, Any], fmt: str, *, lines: bool = False) -> None:
+    sys.stdout.write(_scrubbed(_render(result, fmt, lines=lines)))
+    sys.stdout.flush()
+
+
+def _say(text: str) -> None:
+    """One line on stderr, the key blanked."""
+    print(_scrubbed(text), file=sys.stderr, flush=True)
+
+
+def _scrubbed(text: str) -> str:
+    from runtime.platform.scrub import scrub
+
+    return scrub(text)
+
+
+def _render(result: dict[str, Any], fmt: str, *, lines: bool = False) -> str:
     import orjson
 
     if fmt == "json":
-        sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
-    elif fmt == "yaml":
+        return orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "yaml":
         import yaml
 
-        sys.stdout.write(yaml.safe_dump(result, sort_keys=False, allow_unicode=True))
-    elif lines:
-        for line in result.get("logs") or []:
-            print(line)
-    elif isinstance(result.get("jobs"), list):
-        _table(result["jobs"], ("job_id", "job_name", "status", "model", "create_time"))
-        print(f"page {result.get('page_no')}, {result.get('total')} job(s) in all")
-    else:
-        width = max((len(k) for k in result), default=0)
-        for key, value in result.items():
-            print(f"{key:<{width}}  {_cell(value)}")
-    sys.stdout.flush()
+        return yaml.safe_dump(result, sort_keys=False, allow_unicode=True)
+    if lines:
+        logs = result.get("logs") or []
+        return "".join(f"{_printable(str(line), _LOG_CONTROL)}\n" for line in logs)
+    if isinstance(result.get("jobs"), list):
+        columns = ("job_id", "job_name", "status", "model", "create_time")
+        text = _table(result["jobs"], columns)
+        return text + f"page {result.get('page_no')}, {result.get('total')} job(s) in all\n"
+    width = max((len(k) for k in result), default=0)
+    return "".join(f"{_printable(key):<{width}}  {_cell(value)}\n" for key, value in result.items())
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]} | {9: "\\t", 10: "\\n", 13: "\\r"}
+_LOG_CONTROL = {c: text for c, text in _CONTROL.items() if c != 9}  # a log keeps its tabs
+
+
+def _printable(text: str, table: dict[int, str] = _CONTROL) -> str:
+    """A table cell on one line: control characters (a newline, an escape sequence) shown
+    escaped, never sent to the terminal."""
+    return text.translate(table)
 
 
 def _cell(value: Any) -> str:
@@ -553,15 +644,16 @@ def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
-        return ", ".join(str(v) for v in value) or "-"
+        return _printable(", ".join(str(v) for v in value)) or "-"
     if isinstance(value, (dict, list)):
-        return orjson.dumps(value).decode()
-    return str(value)
+        return orjson.dumps(value).decode()  # JSON escapes control characters itself
+    return _printable(str(value))
 
 
-def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    out = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        out.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return "".join(f"{line}\n" for line in out)

@@ -8,6 +8,7 @@ types the platform documents (YAML 1.1 reads ``2e-6`` as a string; the SDK sends
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -228,37 +229,109 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
     return text
 
 
-def _lines(node: yaml.Node, prefix: tuple[str | int, ...], out: dict) -> None:
-    out[prefix] = node.start_mark.line + 1
+_MAX_BYTES = 1024 * 1024  # a job file is a page of settings, not data
+_MAX_VALUES = 100_000  # values the file expands to, aliases counted each time they are used
+
+
+def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values ``node`` stands for with every alias expanded (memoised by node, so
+    nested aliases cost one visit each); a ConfigError past the cap or on a cycle."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise ConfigError(f"line {node.start_mark.line + 1}: an alias refers to itself")
+    open_.add(key)
+    total = 1
     if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    for child in children:
+        total += _expanded(child, sizes, open_)
+        if total > _MAX_VALUES:
+            raise ConfigError(
+                f"line {node.start_mark.line + 1}: the file expands to more than "
+                f"{_MAX_VALUES} values (aliases nested in aliases?)"
+            )
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def _lines(node: yaml.Node, prefix: tuple[str | int, ...], out: dict, seen: set[int]) -> None:
+    """The line of every key path; an aliased node is walked once (its first use)."""
+    out.setdefault(prefix, node.start_mark.line + 1)
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode):
-                out[(*prefix, key.value)] = key.start_mark.line + 1
-                _lines(value, (*prefix, key.value), out)
-                out[(*prefix, key.value)] = key.start_mark.line + 1
+                line = key.start_mark.line + 1
+                if key.value in first and key.value != "<<":
+                    raise ConfigError(
+                        f"line {line}: {_dotted((*prefix, key.value))} is given twice "
+                        f"(first on line {first[key.value]})"
+                    )
+                first[key.value] = line
+                _lines(value, (*prefix, key.value), out, seen)
+                out[(*prefix, key.value)] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _lines(item, (*prefix, index), out)
+            _lines(item, (*prefix, index), out, seen)
+
+
+def _non_finite(value: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...] | None:
+    """The path of the first NaN or infinity in ``value`` (JSON cannot carry them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return loc
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _non_finite(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
 
 
 def load_job_file(path: str | Path) -> JobFile:
     """Read and validate a job file; every problem is a ConfigError naming line and key."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > _MAX_BYTES:
+            raise ConfigError(
+                f"{path}: {size / 1e6:.1f} MB; a job file is at most {_MAX_BYTES / 1e6:.1f} MB "
+                "(datasets go in their own files, named under datasets:)"
+            )
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read the job file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        lines: dict[tuple[str | int, ...], int] = {}
+        if node is not None:
+            _expanded(node, {}, set())
+            _lines(node, (), lines, set())
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: not valid YAML: {problem}") from None
-    lines: dict[tuple[str | int, ...], int] = {}
-    if node is not None:
-        _lines(node, (), lines)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:{str(exc).removeprefix('line ')}") from None
     job = JobFile(path, JobConfig(), lines)
     if data is None:
         data = {}
@@ -269,6 +342,9 @@ def load_job_file(path: str | Path) -> JobFile:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise job.error(_reason(first), *first["loc"]) from None
+    bad = _non_finite(job.config.model_dump(), ())
+    if bad is not None:
+        raise job.error("not a finite number (NaN and infinity cannot be sent)", *bad)
     return job
 
 

@@ -31,10 +31,14 @@ from tenacity import (
     wait_random,
 )
 
+from runtime.platform.scrub import scrub
+
 __all__ = [
     "DEFAULT_BASE_URL",
+    "ENDPOINT_VARIABLES",
     "Platform",
     "PlatformError",
+    "RequestNotSent",
     "UnclearOutcome",
     "payload_of",
 ]
@@ -57,6 +61,7 @@ _ENDPOINTS: dict[str, tuple[str, str | None]] = {
     "files": ("/files", "BAILIAN_FILE_API"),
     "jobs": ("/fine-tunes", None),
 }
+ENDPOINT_VARIABLES = tuple(sorted(env for _, env in _ENDPOINTS.values() if env))
 _BUSY = (429, 503)
 _WORKSPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -89,7 +94,12 @@ class PlatformError(Exception):
         text = " ".join(parts) + (": " if len(parts) > 1 else " ") + self.message
         if self.request_id:
             text += f" (request id {self.request_id})"
-        return text
+        return scrub(text)  # the platform may echo the key back
+
+
+class RequestNotSent(PlatformError):
+    """The request could not be built or sent (a bad URL, a header that cannot be encoded):
+    a local mistake, never retried, nothing reached the platform."""
 
 
 class UnclearOutcome(PlatformError):
@@ -141,7 +151,10 @@ class Platform:
             if not _WORKSPACE.match(workspace):
                 raise PlatformError("configuration", f"{workspace!r} is not a workspace id")
             base_url = base_url.replace("{workspace_id}", workspace)
-            headers["X-DashScope-WorkSpace"] = workspace
+        # the workspace header goes on the job calls only: the contract never sends it on
+        # function and file calls (spec 1.2)
+        self._job_headers = {"X-DashScope-WorkSpace": workspace} if workspace else {}
+        self._job_urls: set[str] = set()
         self.base_url = base_url.rstrip("/")
         self._deadline = deadline
         self._notify = notify or (lambda text: None)
@@ -162,7 +175,10 @@ class Platform:
     def url(self, endpoint: str, *segments: str) -> str:
         path, env = _ENDPOINTS[endpoint]
         base = (os.environ.get(env) if env else None) or self.base_url + path
-        return "/".join([base.rstrip("/"), *segments]) if segments else base
+        url = "/".join([base.rstrip("/"), *segments]) if segments else base
+        if endpoint == "jobs":
+            self._job_urls.add(url)
+        return url
 
     def call(
         self,
@@ -189,6 +205,8 @@ class Platform:
     ) -> httpx.Response:
         """Send one request (retrying only what is safe) and return the response as it is."""
         client = self._bare if bare else self._client
+        if not bare and url in self._job_urls and self._job_headers:
+            kwargs["headers"] = {**self._job_headers, **(kwargs.get("headers") or {})}
         return self._send(what, client, method, url, creates, kwargs)
 
     def put_bytes(self, what: str, url: str, data: bytes) -> None:
@@ -216,6 +234,15 @@ class Platform:
         def attempt() -> httpx.Response:
             try:
                 response = client.request(method, url, **kwargs)
+            except (
+                httpx.UnsupportedProtocol,
+                httpx.InvalidURL,
+                httpx.LocalProtocolError,
+                UnicodeEncodeError,
+            ) as exc:
+                raise RequestNotSent(
+                    what, f"not sent, {_host(url)}: {type(exc).__name__}: {exc}"
+                ) from None
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 raise _Retry(f"cannot connect to {_host(url)} ({type(exc).__name__})") from exc
             except httpx.TransportError as exc:

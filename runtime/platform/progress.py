@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from runtime.platform.scrub import scrub
+
 __all__ = ["Reporter"]
 
 
@@ -28,6 +30,7 @@ class Reporter:
 
     def note(self, text: str) -> None:
         """One line of news (a status change, a retry, a log line)."""
+        text = scrub(text)
         if self._console is not None:
             self._console.print(text, markup=False)
         else:
@@ -36,7 +39,7 @@ class Reporter:
     def update(self, text: str) -> None:
         """New text for the running step (a spinner's label; a line when plain)."""
         if self._status is not None:
-            self._status.update(text)
+            self._status.update(scrub(text))
         else:
             self.note(text)
 
@@ -44,6 +47,7 @@ class Reporter:
     def step(self, text: str) -> Iterator[None]:
         """A long step: a spinner on a terminal, a start and an end line otherwise."""
         started = time.monotonic()
+        text = scrub(text)
         if self._console is not None:
             with self._console.status(text) as status:
                 self._status = status
