@@ -82,6 +82,7 @@ class PlatformStandIn(ThreadedServer):
         self.slow = dict(slow or {})  # path prefix -> seconds to sleep before answering
         self.job_outcome = job_outcome
         self.echo_key = False  # answer a wrong key by echoing it back
+        self.flaky: dict[str, int] = {}  # "METHOD path prefix" -> how many 502s to answer
         self.requests: list[dict[str, Any]] = []
         self.uploads: dict[str, bytes] = {}  # object name -> zip bytes
         self.layers: dict[str, dict[str, Any]] = {}
@@ -185,6 +186,10 @@ class PlatformStandIn(ThreadedServer):
                     503,
                     headers={"Retry-After": "1"},
                 )
+        for prefix, count in self.flaky.items():
+            if count > 0 and f"{request.method} {request.url.path}".startswith(prefix):
+                self.flaky[prefix] = count - 1
+                return entry, Response("<html>502 Bad Gateway</html>", 502)
         for prefix, seconds in self.slow.items():
             if request.url.path.startswith(prefix):
                 await asyncio.sleep(seconds)

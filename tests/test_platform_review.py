@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 import urllib.parse
 import zipfile
@@ -153,3 +154,41 @@ def test_the_workspace_header_goes_on_job_calls_only(platform, workspace):
     assert done.returncode == 0, done.stderr
     assert platform.requests[-1]["path"] == "/api/v1/files"
     assert platform.requests[-1]["workspace"] is None  # never on file and function calls
+
+
+def _opd_job(platform: PlatformStandIn, workspace: Path) -> Path:
+    uploaded = cli(
+        platform, "upload-data", "--training", "data/calc_train.jsonl", "-o", "json", cwd=workspace
+    )
+    assert uploaded.returncode == 0, uploaded.stderr
+    (file_id,) = json.loads(uploaded.stdout)["training_file_ids"]
+    opd = workspace / "opd.yaml"
+    opd.write_text(f"teacher_model: t\ndatasets:\n- {{type: training, file_id: {file_id}}}\n")
+    return opd
+
+
+def test_waiting_rides_out_transient_errors_and_exit_codes_tell_the_outcomes_apart(
+    platform, workspace
+):
+    opd = _opd_job(platform, workspace)
+    platform.flaky[f"GET {FT}/ft-"] = 2  # two 502s on the job's status
+    done = cli(platform, "job", "run", "-c", str(opd), "--wait", "--poll-interval", "0.05")
+    assert done.returncode == 0, done.stderr
+    assert "HTTP 502: <html>502 Bad Gateway</html>; retrying in 0.05 s" in done.stderr
+    assert done.stdout.splitlines()[1].split() == ["status", "SUCCEEDED"]
+
+    platform.job_outcome = "FAILED"
+    failed = cli(platform, "job", "run", "-c", str(opd), "--wait", "--poll-interval", "0.05")
+    assert failed.returncode == 1 and "status      FAILED" in failed.stdout
+
+    platform.job_outcome = "RUNNING"  # never ends
+    submitted = cli(platform, "job", "run", "-c", str(opd), "-o", "json")
+    job_id = json.loads(submitted.stdout)["job_id"]
+    late = cli(platform, "job", "wait", job_id, "--timeout", "0.5", "--poll-interval", "0.05")
+    assert late.returncode == 124
+    assert one_error_line(late) == f"error: job {job_id} is still RUNNING after 0.5 s"
+
+    platform.flaky[f"GET {FT}/{job_id}"] = 1000  # the platform keeps failing
+    lost = cli(platform, "job", "wait", job_id, "--timeout", "0.5", "--poll-interval", "0.05")
+    assert lost.returncode == 3
+    assert "HTTP 502" in one_error_line(lost) and "its state is unknown" in lost.stderr

@@ -23,6 +23,13 @@ __all__ = ["COMMANDS", "add_commands", "run"]
 COMMANDS = ("register", "test-function", "upload-data", "job", "instance")
 
 
+# Exit codes: 0 success (a job that SUCCEEDED), 1 an error or a job that ended otherwise,
+# 2 a usage error (nothing sent), 3 following a job failed (its state unknown), 124 a
+# wait that ran out of time (as timeout(1) does), 130 interrupted.
+EXIT_FOLLOW_ERROR = 3
+EXIT_WAIT_TIMEOUT = 124
+
+
 class UsageError(Exception):
     """Exit 2: the command line (or its input) is wrong; nothing was sent."""
 
@@ -231,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.platform.datasets import DatasetError
     from runtime.platform.functions import ComponentError
     from runtime.platform.http import PlatformError, RequestNotSent
+    from runtime.platform.jobs import FollowError, WaitTimeout
     from runtime.platform.scrub import add_secret
 
     for key in (getattr(args, "api_key", None), os.environ.get("DASHSCOPE_API_KEY")):
@@ -242,7 +250,13 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, RequestNotSent) as exc:
         _say(f"error: {exc}")
         return 2
-    except (PlatformError, ConfigError, ComponentError, DatasetError, TimeoutError) as exc:
+    except WaitTimeout as exc:
+        _say(f"error: {exc}")
+        return EXIT_WAIT_TIMEOUT
+    except FollowError as exc:
+        _say(f"error: {exc} (while following the job: its state is unknown)")
+        return EXIT_FOLLOW_ERROR
+    except (PlatformError, ConfigError, ComponentError, DatasetError) as exc:
         _say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
@@ -514,6 +528,7 @@ def _follow(platform: Any, job_id: str, args: argparse.Namespace, reporter: Any)
         on_line=lambda line: reporter.note(f"  | {line}"),
         interval=args.poll_interval,
         timeout=args.timeout,
+        on_retry=reporter.note,
     )
 
 
@@ -550,6 +565,7 @@ def _job_logs(args: argparse.Namespace, reporter: Any) -> int:
             interval=args.poll_interval,
             timeout=None,
             offset=args.offset,
+            on_retry=reporter.note,
         )
     return 0 if final.get("status") == "SUCCEEDED" else 1
 

@@ -16,10 +16,12 @@ from typing import Any
 
 from runtime.platform.config import JobFile
 from runtime.platform.functions import Component, resolve
-from runtime.platform.http import Platform, PlatformError, payload_of
+from runtime.platform.http import Platform, PlatformError, RequestNotSent, payload_of
 
 __all__ = [
     "TERMINAL",
+    "FollowError",
+    "WaitTimeout",
     "components_of",
     "follow",
     "job_logs",
@@ -185,6 +187,24 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+class WaitTimeout(TimeoutError):
+    """The job did not reach a final state in the time given."""
+
+
+class FollowError(PlatformError):
+    """Following a job failed (the job's own state is unknown), after retries."""
+
+
+_GIVE_UP = 600.0  # without a deadline, how long a run of failed queries is retried
+
+
+def _transient(exc: PlatformError) -> bool:
+    """A failed query worth asking again: no answer, a 5xx (not a refusal or a 404)."""
+    if isinstance(exc, RequestNotSent):
+        return False
+    return exc.status is None or exc.status >= 500
+
+
 def follow(
     platform: Platform,
     job_id: str,
@@ -195,25 +215,48 @@ def follow(
     timeout: float | None,
     offset: int = 1,
     page: int = 1000,
+    on_retry: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Poll a job to a final state, reporting status changes and new log lines."""
+    """Poll a job to a final state, reporting status changes and new log lines. The
+    queries are GETs, safe to repeat: a transient failure is retried (with a line to
+    ``on_retry``) until the deadline, or for 600 s in a row without one."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
+    failing_since: float | None = None
     while True:
-        job = get(platform, job_id)
+        try:
+            job = get(platform, job_id)
+            lines = job_logs(platform, job_id, offset, page)
+        except PlatformError as exc:
+            now = time.monotonic()
+            failing_since = failing_since or now
+            limit = deadline if deadline is not None else failing_since + _GIVE_UP
+            if not _transient(exc) or now + interval > limit:
+                raise FollowError(
+                    exc.what,
+                    exc.message,
+                    status=exc.status,
+                    code=exc.code,
+                    request_id=exc.request_id,
+                ) from None
+            if on_retry is not None:
+                on_retry(f"{exc}; retrying in {interval:g} s")
+            time.sleep(interval)
+            continue
+        failing_since = None
         status = str(job.get("status"))
         if status != last:
             on_status(status)
             last = status
         while True:  # every new log line, page after page
-            lines = job_logs(platform, job_id, offset, page)
             for line in lines:
                 on_line(line)
             offset += len(lines)
             if len(lines) < page:
                 break
+            lines = job_logs(platform, job_id, offset, page)
         if status in TERMINAL:
             return job
         if deadline is not None and time.monotonic() + interval > deadline:
-            raise TimeoutError(f"job {job_id} is still {status} after {timeout:g} s")
+            raise WaitTimeout(f"job {job_id} is still {status} after {timeout:g} s")
         time.sleep(interval)
