@@ -405,6 +405,11 @@ class PlatformStandIn(ThreadedServer):
         if form.get("purpose") != "fine-tune" or upload is None or isinstance(upload, str):
             return JSONResponse({"status": {"code": 400, "message": "files and purpose needed"}})
         data = await upload.read()
+        if "refused" in str(upload.filename):
+            failed = {"name": upload.filename, "code": "InvalidFile", "message": "bad encoding"}
+            return JSONResponse(
+                {"request_id": _rid(), "data": {"uploaded_files": [], "failed_uploads": [failed]}}
+            )
         file_id = f"file-{uuid.uuid4()}"
         self.files[file_id] = {"name": upload.filename, "size": len(data)}
         entry["file"] = {"name": upload.filename, "size": len(data)}

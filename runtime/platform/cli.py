@@ -13,8 +13,10 @@ not pay for httpx, pydantic models or rich on a cold start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -373,7 +375,17 @@ def _register(args: argparse.Namespace, reporter: Any) -> int:
     ]
     if not components:
         raise UsageError("nothing to register: pass --rollout, --reward or --group-reward")
-    with _platform(args, reporter) as platform:
+
+    def created() -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for suffix, attr in (("entity_ids", "entity_id"), ("instance_ids", "instance_id")):
+            for kind in ("rollout", "reward", "group_reward"):
+                result[f"{kind}_{suffix}"] = [
+                    getattr(c, attr) for c in components if c.kind == kind and getattr(c, attr)
+                ]
+        return result
+
+    with _partial(created, args.output), _platform(args, reporter) as platform:
         register(
             platform,
             components,
@@ -383,13 +395,7 @@ def _register(args: argparse.Namespace, reporter: Any) -> int:
             poll_interval=args.poll_interval,
             wait_timeout=args.timeout,
         )
-    result: dict[str, Any] = {}
-    for suffix, attr in (("entity_ids", "entity_id"), ("instance_ids", "instance_id")):
-        for kind in ("rollout", "reward", "group_reward"):
-            result[f"{kind}_{suffix}"] = [
-                getattr(c, attr) for c in components if c.kind == kind and getattr(c, attr)
-            ]
-    _emit(result, args.output)
+    _emit(created(), args.output)
     return 0
 
 
@@ -424,7 +430,12 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     payload = _read_input(args.input)
     if not isinstance(payload, dict):
         raise UsageError("the input must be a JSON object")
-    payload.setdefault("func_type", args.type)
+    given = payload.setdefault("func_type", args.type)
+    if given != args.type:
+        raise UsageError(
+            f"the input's func_type is {given!r} but --type is {args.type!r}: the instance "
+            "would be sent an input of the wrong type (nothing was sent)"
+        )
     try:
         input_model.model_validate(payload)
     except ValidationError as exc:
@@ -454,12 +465,20 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
 def _upload_data(args: argparse.Namespace, reporter: Any) -> int:
     from runtime.platform.datasets import check_jsonl, upload
 
-    files = [("training", Path(p)) for p in args.training]
-    files += [("validation", Path(p)) for p in args.validation]
+    files: list[tuple[str, Path]] = []
+    for kind, given in (("training", args.training), ("validation", args.validation)):
+        for name in given:
+            path = Path(name)
+            if not path.is_file():
+                raise UsageError(f"{name}: no such file (nothing was sent)")
+            if any(k == kind and p.samefile(path) for k, p in files):
+                reporter.note(f"{name} is given twice as {kind} data: uploaded once")
+                continue
+            files.append((kind, path))
     for _, path in files:
         check_jsonl(path)  # all of them before any upload
     result: dict[str, list[str]] = {"training_file_ids": [], "validation_file_ids": []}
-    with _platform(args, reporter) as platform:
+    with _partial(lambda: result, args.output), _platform(args, reporter) as platform:
         for kind, path in files:
             with reporter.step(f"uploading {path} ({path.stat().st_size / 1024:.1f} KiB)"):
                 result[f"{kind}_file_ids"].append(upload(platform, path))
@@ -473,6 +492,8 @@ def _job_run(args: argparse.Namespace, reporter: Any) -> int:
     from runtime.platform.datasets import check_jsonl, upload
     from runtime.platform.functions import register
 
+    if not Path(args.config).is_file():
+        raise UsageError(f"{args.config}: no such job file (nothing was sent)")
     job = load_job_file(args.config)
     if args.teacher_model:
         job.config.teacher_model = args.teacher_model
@@ -480,34 +501,51 @@ def _job_run(args: argparse.Namespace, reporter: Any) -> int:
         job.config.model.name = args.model
     job.check()
     # everything local first: a bad dataset or class fails before anything is sent
+    if args.job_name is not None and not 1 <= len(args.job_name) <= 256:
+        raise UsageError(f"--job-name must be 1 to 256 characters, not {len(args.job_name)}")
     datasets: dict[int, Path] = {}
     for index, dataset in enumerate(job.config.datasets):
-        if dataset.needs_upload:
+        if dataset.needs_upload and dataset.type == "testing":
+            reporter.note(
+                f"datasets[{index}] ({dataset.file_name}): a testing dataset is not "
+                "sent with the job, so it is not uploaded"
+            )
+        elif dataset.needs_upload:
             assert dataset.file_name is not None
             path = (job.base_dir / dataset.file_name).resolve()
+            if not path.is_file():
+                where = job.where("datasets", index, "file_name")
+                raise UsageError(f"{where}: {path}: no such file (nothing was sent)")
             try:
                 check_jsonl(path)
             except Exception as exc:
                 raise job.error(str(exc), "datasets", index, "file_name") from None
             datasets[index] = path
     components = jobs.components_of(job)
-    with _platform(args, reporter) as platform:
+    file_ids: dict[int, str] = {}
+    result: dict[str, Any] = {}
+
+    def created() -> dict[str, Any]:
+        return {
+            "entity_ids": {c.label: c.entity_id for c in components if c.entity_id},
+            "file_ids": {
+                job.config.datasets[i].file_name: file_id for i, file_id in file_ids.items()
+            },
+        }
+
+    with _partial(lambda: result or created(), args.output), _platform(args, reporter) as platform:
         register(platform, components, reporter, lazy=True, server=args.server)
-        file_ids: dict[int, str] = {}
         for index, path in datasets.items():
             with reporter.step(f"uploading {path.name} ({path.stat().st_size / 1024:.1f} KiB)"):
                 file_ids[index] = upload(platform, path)
         body = jobs.submit_body(job, components, file_ids, job_name=args.job_name)
         submitted = jobs.submit(platform, body)
-        result = {
-            "job_id": submitted["job_id"],
-            "status": submitted.get("status"),
-            "job_name": submitted.get("job_name", body["job_name"]),
-            "entity_ids": {c.label: c.entity_id for c in components},
-            "file_ids": {
-                job.config.datasets[i].file_name: file_id for i, file_id in file_ids.items()
-            },
-        }
+        result.update(
+            job_id=submitted["job_id"],
+            status=submitted.get("status"),
+            job_name=submitted.get("job_name", body["job_name"]),
+            **created(),
+        )
         reporter.note(f"submitted job {result['job_id']} ({result['status']})")
         if not args.wait:
             _emit(result, args.output)
@@ -516,6 +554,19 @@ def _job_run(args: argparse.Namespace, reporter: Any) -> int:
     result["status"] = final.get("status")
     _emit(result, args.output)
     return 0 if result["status"] == "SUCCEEDED" else 1
+
+
+@contextlib.contextmanager
+def _partial(created: Callable[[], dict[str, Any]], fmt: str) -> Iterator[None]:
+    """On a failure part-way, what was created so far goes to stdout (in the format asked
+    for) before the error line, so that nothing is orphaned without its id."""
+    try:
+        yield
+    except BaseException:
+        shown = created()
+        if any(shown.values()):
+            _emit(shown, fmt)
+        raise
 
 
 def _follow(platform: Any, job_id: str, args: argparse.Namespace, reporter: Any) -> dict:

@@ -30,13 +30,16 @@ def check_jsonl(path: Path) -> None:
     if size > limit:
         raise DatasetError(f"{path}: {size / 1e6:.1f} MB, over the limit of {limit / 1e6:.1f} MB")
     bad: list[str] = []
-    count = 0
+    blank: list[int] = []  # blank lines are bad only when a record follows them
+    records = 0
     with path.open("rb") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
-                bad.append(f"line {number}: empty")
+                blank.append(number)
                 continue
-            count += 1
+            bad.extend(f"line {n}: empty" for n in blank)
+            blank.clear()
+            records += 1
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
@@ -46,6 +49,10 @@ def check_jsonl(path: Path) -> None:
                 bad.append(f"line {number}: not a JSON object")
             elif not isinstance(record.get("messages"), list) or not record["messages"]:
                 bad.append(f"line {number}: no 'messages' list")
+            elif not all(isinstance(m, dict) for m in record["messages"]):
+                bad.append(f"line {number}: 'messages' must be a list of objects")
+    if not records:
+        raise DatasetError(f"{path}: no records, only blank lines")
     if bad:
         more = f" (and {len(bad) - _SHOWN} more)" if len(bad) > _SHOWN else ""
         raise DatasetError(f"{path}: {len(bad)} bad line(s): " + "; ".join(bad[:_SHOWN]) + more)
@@ -58,7 +65,7 @@ def upload(platform: Platform, path: Path) -> str:
         what,
         "POST",
         platform.url("files"),
-        creates=True,
+        creates=f"the platform's files for one named {path.name}",
         files=[
             ("files", (path.name, path.read_bytes(), "application/octet-stream")),
             ("purpose", (None, b"fine-tune", "text/plain; charset=utf-8")),
@@ -67,8 +74,10 @@ def upload(platform: Platform, path: Path) -> str:
     out = payload_of(answer) or {}
     failed = out.get("failed_uploads") or []
     if failed:
-        names = ", ".join(str(f.get("name", f)) if isinstance(f, dict) else str(f) for f in failed)
-        raise PlatformError(what, f"the platform refused: {names}")
+        details = "; ".join(
+            orjson.dumps(f).decode() if isinstance(f, (dict, list)) else str(f) for f in failed
+        )
+        raise PlatformError(what, f"the platform refused it: {details}")
     uploaded = out.get("uploaded_files") or []
     if not uploaded or not uploaded[0].get("file_id"):
         raise PlatformError(what, "the answer has no data.uploaded_files[0].file_id")

@@ -68,6 +68,7 @@ class Component:
     instance_id: str | None = None
     requirements: str = ""
     package: packaging.Package | None = field(default=None, repr=False)
+    where: str = ""  # "job.yaml:12: functions[1].fcmodel.classpath", when from a job file
 
     @property
     def target(self) -> str:
@@ -175,8 +176,9 @@ def _import_in(root: Path, group: list[Component], where: str) -> None:
         ) from None
     for component, result in zip(group, results, strict=False):
         if "error" in result:
+            named = f"{component.where} ({component.label})" if component.where else component.label
             raise ComponentError(
-                f"{component.label}: {result['error']} (imported from {where}, "
+                f"{named}: {result['error']} (imported from {where}, "
                 "checked locally, nothing uploaded)"
             )
         component.weights = result.get("weights")
@@ -243,7 +245,7 @@ def register(
                 "POST",
                 platform.url("upload_url"),
                 json={"unique_key": unique_key},
-                creates=True,
+                creates=f"for an upload URL of unique_key {unique_key}",
             )
             url = (payload_of(answer) or {}).get("url")
             if not url:
@@ -255,7 +257,7 @@ def register(
             "POST",
             platform.url(f"register_{c.kind}"),
             json={"name": c.file, "func": c.class_name, "unique_key": unique_key, "code_url": url},
-            creates=True,
+            creates=f"for a {c.kind} entity named {c.file} with unique_key {unique_key}",
         )
         entity = (payload_of(answer) or {}).get(_ID_KEYS[c.kind])
         if not entity:
@@ -273,7 +275,7 @@ def register(
             "POST",
             platform.url("load", f"jobId-{uuid.uuid4()}", str(c.entity_id)),
             json=c.runtime_body(),
-            creates=True,
+            creates=f"for an instance of entity {c.entity_id}",
         )
         out = payload_of(answer) or {}
         instance = out.get("instanceId") or out.get("instance_id")
@@ -341,7 +343,7 @@ def _create_layers(platform: Platform, todo: list[Component], reporter: Reporter
             "POST",
             platform.url("layer_create"),
             json={"layer_name": f"fc_layer-{digest}", "requirements_content": c.requirements},
-            creates=True,
+            creates=f"for a layer named fc_layer-{digest}",
         )
         code = (payload_of(answer) or {}).get("layer_code") or ""
         layers[c.requirements] = str(code)
@@ -407,7 +409,7 @@ def invoke(platform: Platform, instance_id: str, payload: dict[str, Any]) -> tup
         "POST",
         f"{url}/api/v1",
         bare=True,
-        creates=True,
+        creates=f"the instance's logs (python -m runtime instance logs {instance_id})",
         json=payload,
         headers={"Authorization": f"Bearer {token}"},
     )

@@ -186,7 +186,7 @@ class Platform:
         method: str,
         url: str,
         *,
-        creates: bool = False,
+        creates: bool | str = False,
         bare: bool = False,
         **kwargs: Any,
     ) -> dict[str, Any]:
@@ -199,7 +199,7 @@ class Platform:
         method: str,
         url: str,
         *,
-        creates: bool = False,
+        creates: bool | str = False,
         bare: bool = False,
         **kwargs: Any,
     ) -> httpx.Response:
@@ -226,10 +226,12 @@ class Platform:
         client: httpx.Client,
         method: str,
         url: str,
-        creates: bool,
+        creates: bool | str,
         kwargs: dict[str, Any],
     ) -> httpx.Response:
         idempotent = method in ("GET", "PUT", "DELETE")
+        # ``creates`` may say what to look for on the platform after an unclear outcome
+        hint = creates if isinstance(creates, str) else "on the platform"
 
         def attempt() -> httpx.Response:
             try:
@@ -252,7 +254,7 @@ class Platform:
                     raise UnclearOutcome(
                         what,
                         f"the request was sent but no answer came ({type(exc).__name__}); it "
-                        "may have been carried out: check before running it again "
+                        f"may have been carried out: check {hint} before running it again "
                         "(not retried, so that nothing is created twice)",
                     ) from exc
                 raise PlatformError(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.platform.config import JobFile
-from runtime.platform.functions import Component, resolve
+from runtime.platform.functions import Component, ComponentError, resolve
 from runtime.platform.http import Platform, PlatformError, RequestNotSent, payload_of
 
 __all__ = [
@@ -44,14 +44,20 @@ def components_of(job: JobFile) -> list[Component]:
                 spec.type, label, zipdir, spec=spec, entity_id=spec.entity_id, layer_code=layer
             )
         else:
-            component = resolve(
-                spec.type,
-                spec.fcmodel.classpath,
-                zipdir,
-                label=label,
-                filepath=spec.fcmodel.filepath,
-                classname=spec.fcmodel.classname,
-            )
+            key = "classpath" if spec.fcmodel.classpath else "classname"
+            where = job.where("functions", index, "fcmodel", key)
+            try:
+                component = resolve(
+                    spec.type,
+                    spec.fcmodel.classpath,
+                    zipdir,
+                    label=label,
+                    filepath=spec.fcmodel.filepath,
+                    classname=spec.fcmodel.classname,
+                )
+            except ComponentError as exc:
+                raise ComponentError(f"{where}: {exc}") from None
+            component.where = where
             component.spec = spec
             component.requirements_path = spec.fcmodel.requirements_path
             component.extra_files = tuple(
@@ -104,7 +110,7 @@ def submit_body(
     for index, dataset in enumerate(config.datasets):
         if dataset.type not in datasets:
             continue  # "testing" datasets are never submitted
-        entry = dataset.model_dump(mode="json", exclude_none=True)
+        entry = _pruned(dataset.model_dump(mode="json", exclude_none=True))
         if index in file_ids:
             entry["file_id"] = file_ids[index]
         datasets[dataset.type].append(entry)
@@ -118,8 +124,8 @@ def submit_body(
         "validation_datasets": datasets["validation"],
         "rollout": rollouts[0] if rollouts else None,
         "rewards": rewards,
-        "hyper_parameters": hyper.model_dump(exclude_none=True) if hyper else None,
-        "resource_config": config.training.resources,
+        "hyper_parameters": _pruned(hyper.model_dump(exclude_none=True)) if hyper else None,
+        "resource_config": _pruned(config.training.resources),
         "training_type": "pg_opd" if config.teacher_model else config.training.type,
         "teacher_model": config.teacher_model,
         "job_name": job_name or f"{config.name}-{uuid.uuid4().hex[:8]}",
@@ -127,9 +133,21 @@ def submit_body(
     return {k: v for k, v in body.items() if v not in (None, "", [], {})}
 
 
+def _pruned(value: Any) -> Any:
+    """``value`` without nulls and empty objects at any depth (``mount_storage: {}`` is
+    not sent)."""
+    if isinstance(value, dict):
+        kept = {k: _pruned(v) for k, v in value.items() if v is not None}
+        return {k: v for k, v in kept.items() if v != {}}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
 def submit(platform: Platform, body: dict[str, Any]) -> dict[str, Any]:
     what = "submitting the job"
-    out = payload_of(platform.call(what, "POST", platform.url("jobs"), json=body, creates=True))
+    check = f"python -m runtime job list for a job named {body.get('job_name')}"
+    out = payload_of(platform.call(what, "POST", platform.url("jobs"), json=body, creates=check))
     if not isinstance(out, dict) or not out.get("job_id"):
         raise PlatformError(what, "the answer has no output.job_id")
     return out

@@ -207,7 +207,7 @@ def workspace_files(zipdir: Path) -> list[tuple[str, Path]]:
 
 def check_environment() -> None:
     """The packaging settings of the environment, checked before anything is done."""
-    for name in ("FC_WORKERS_COUNT", "FC_OSS_FILE_SIZE_WARNING"):
+    for name in ("FC_WORKERS_COUNT", "FC_OSS_FILE_SIZE_WARNING", "DATASETS_FILE_SIZE_WARNING"):
         value = os.environ.get(name)
         if value is not None and not (value.strip().isdigit() and int(value) > 0):
             raise PackagingError(f"{name} must be a positive whole number, not {value!r}")
