@@ -277,6 +277,13 @@ def test_a_reward_that_always_raises_stops_the_run_early(tmp_path: Path) -> None
     calls = summary["functions"]["raises"]
     assert 20 <= calls["calls"] < 64 and calls["failures"] == calls["calls"]
     assert calls["errors"] == {"PROCESSOR_ERROR": calls["calls"]}
+    # the trajectories the stop left unscored are said to be, here and in the summary
+    lines = _lines(tmp_path / "out")
+    done_ = summary["trajectories"]
+    assert done_["succeeded"] + done_["failed"] + done_["not_run"] == done_["total"] == 64
+    assert done_["unscored"] == sum(bool(t["unscored"]) for t in lines)
+    for t in lines:
+        assert t["unscored"] == ([] if "raises" in t["errors"] else ["raises"])
 
 
 def test_a_slow_reward_and_a_failing_sub_reward_are_flagged(tmp_path: Path) -> None:
@@ -458,3 +465,274 @@ def test_percentiles_and_score_stats() -> None:
     assert stats["mean"] == 0.625 and stats["share_zero"] == 0.25 and stats["share_one"] == 0.5
     assert stats["distinct"] == 3 and stats["min"] == 0.0 and stats["max"] == 1.0
     assert score_stats([])["count"] == 0
+
+
+# ---- the review's findings ------------------------------------------------------------
+
+KEY = "sk-eval-Secret-0123456789abcdef"
+PASSWORD = "pw-Secret-9876543210"
+
+
+def _lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+
+
+def _everything(done: subprocess.CompletedProcess, out: Path) -> str:
+    """All eval printed and wrote."""
+    files = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    return done.stdout + done.stderr + "".join(p.read_text(errors="replace") for p in files)
+
+
+def test_the_llm_key_and_url_password_never_show(tmp_path: Path) -> None:
+    """No rollout: eval asks the LLM itself; the provider refuses the key and names it in
+    its 401 (as real ones do). Neither the key nor the URL's password, in any encoding,
+    reaches the terminal or a file."""
+    import base64
+    from urllib.parse import quote
+
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with LLMStub(free_port(), broken="401", broken_after=1) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--llm-api-key", KEY, "-n", "2", "-k", "2",
+            "--out", "key",
+        )  # fmt: skip
+        assert llm.authorizations[-1] == f"Bearer {KEY}"  # the provider was sent the key
+    with LLMStub(free_port(), broken="401", broken_after=1) as llm:
+        url = llm.base_url.replace("http://", f"http://user:{PASSWORD}@")
+        with_password = run_eval(
+            config, "--llm-base-url", url, "-n", "2", "-k", "2", "--out", "out"
+        )  # the URL's userinfo goes as Basic authorization, which the provider echoes
+    text = _everything(done, tmp_path / "key") + _everything(with_password, tmp_path / "out")
+    assert text.count("Incorrect API key provided") >= 2  # the error itself is kept, blanked
+    for secret in (KEY, PASSWORD):
+        for form in (secret, quote(secret), base64.b64encode(secret.encode()).decode()):
+            assert form not in text
+    assert base64.b64encode(f"user:{PASSWORD}".encode()).decode()[:20] not in text
+    done = with_password
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["llm"]["base_url"] == llm.base_url  # shown without user:password@
+    assert summary["functions"]["llm"]["errors"] == {"invalid_api_key": 4}
+    assert done.returncode == 1, done.stderr  # every call failed: stopped, not exit 0
+
+
+def test_square_brackets_in_names_and_errors_are_printed_as_they_are(tmp_path: Path) -> None:
+    raises = _ours("reward", "judge[/INST]", "eval_fns:RaisesBrackets")
+    config = job_file(tmp_path, [ROLLOUT, raises])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert done.returncode == 1, done.stderr  # all 4 calls failed
+    assert "Traceback" not in done.stderr
+    assert "judge[/INST]" in done.stdout
+    assert "no answer after [/INST] in [bold]the output" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "logs",
+        "report.html",
+        "summary.json",
+        "trajectories.jsonl",
+    ]
+
+
+def test_a_non_json_llm_answer_fails_its_calls_not_the_run(tmp_path: Path) -> None:
+    """No rollout; after the test completion the endpoint answers 200 with a web page."""
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with LLMStub(free_port(), broken="html", broken_after=1) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
+    assert done.returncode == 1, done.stderr  # all failed: a 100% failure rate is not exit 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["functions"]["llm"]["calls"] == 4
+    assert summary["functions"]["llm"]["failures"] == 4
+    assert "stopped early: llm failed 4 of its first 4 calls" in done.stderr
+    lines = [
+        json.loads(x) for x in (tmp_path / "o" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert {t["status"] for t in lines} == {"failed"}
+    assert {t["error_code"] for t in lines} == {"INVALID_RESPONSE"}
+    assert "Welcome to nginx" in lines[0]["error"]
+
+
+def test_a_bad_out_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    config = job_file(tmp_path, [ROLLOUT, ANSWER])
+    (tmp_path / "afile").write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    with LLMStub(free_port()) as llm:
+        base = ("--llm-base-url", llm.base_url, "-n", "1", "-k", "1")
+        done = run_eval(config, *base, "--out", "afile")
+        assert done.returncode == 2 and "--out afile: exists and is not a directory" in done.stderr
+        done = run_eval(config, *base, "--out", "afile/sub")
+        assert done.returncode == 2 and "cannot write there" in done.stderr
+        done = run_eval(config, *base, "--out", "full")
+        assert done.returncode == 2 and "holds files that are not eval's (notes.txt)" in done.stderr
+        assert "checking that" not in done.stderr and not llm.requests  # nothing started
+        done = run_eval(config, *base, "--out", "full", "--force")
+        assert done.returncode == 0, done.stderr
+    assert (full / "notes.txt").read_text() == "mine" and (full / "summary.json").exists()
+
+
+def test_an_llm_that_never_answers_is_named_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+
+    config = job_file(tmp_path, [ROLLOUT, ANSWER])
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        started = time.monotonic()
+        done = run_eval(config, "--llm-base-url", url, "--llm-timeout", "1")
+    assert done.returncode == 1, done.stderr
+    assert f"the LLM at {url} did not answer a one-token test completion within 1 s" in (
+        done.stderr
+    )
+    assert "starting" not in done.stderr  # no function was started for nothing
+    assert time.monotonic() - started < 60
+
+
+def test_weights_never_reported_and_a_ground_truth_key_that_matches_nothing(
+    tmp_path: Path,
+) -> None:
+    safety = {**SAFETY, "reward_metric_weight": {"no_unsafe_content": 0.5, "toxicity": 0.5}}
+    config = job_file(tmp_path, [ROLLOUT, safety])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2",
+            "--ground-truth-key", "rollout_extra.answer", "--out", "o",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    kinds = {(f["kind"], f["function"]): f["message"] for f in summary["flags"]}
+    assert kinds[("weight_never_reported", "safety")] == (
+        "safety: weight set for sub-reward toxicity, which the function never reports "
+        "(it reports: concise, no_unsafe_content)"
+    )
+    assert summary["rewards"]["safety"]["sub_rewards_without_weight"] == ["concise"]
+    assert "note: safety reports sub-reward(s) with no weight: concise" in done.stdout
+    assert (
+        "--ground-truth-key rollout_extra.answer matches none of the 2 lines"
+        in (kinds[("ground_truth_key", "data")])
+    )
+
+
+def test_a_server_that_dies_mid_run_is_named_with_its_exit_code_and_log(tmp_path: Path) -> None:
+    dies = _ours("reward", "dies", "eval_fns:ExitsOnCall")
+    config = job_file(tmp_path, [ROLLOUT, dies])
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert "stopped: dies's server exited with code 3 during the run" in done.stderr
+    assert "ExitsOnCall: going down" in done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert "SERVER_EXITED" in summary["functions"]["dies"]["errors"]
+    assert done.returncode == 1, done.stderr
+
+
+def test_a_body_over_the_servers_limit_is_recorded_as_413(tmp_path: Path) -> None:
+    """The reward's server takes 2000 bytes at most; the trajectories are megabytes, so it
+    answers 413 and closes the connection while eval is still sending."""
+    small = {**ANSWER, "runtime": {"env": {"MAX_BODY_BYTES": "2000"}}}
+    config = job_file(tmp_path, [ROLLOUT, small])
+    big = tmp_path / "big.jsonl"
+    line = json.loads(DATA.read_text().splitlines()[0])
+    line["messages"][-1]["content"] += " " + "padding " * 500_000
+    big.write_text(json.dumps(line) + "\n")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--data", str(big), "-k", "2", "--out", "o"
+        )
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["functions"]["answer-match"]["errors"] == {"BODY_TOO_LARGE": 2}, done.stderr
+    lines = [
+        json.loads(x) for x in (tmp_path / "o" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    message = lines[0]["errors"]["answer-match"]["message"]
+    assert "larger than 2000 bytes" in message
+
+
+def test_the_summary_line_and_a_job_without_rewards(tmp_path: Path) -> None:
+    config = job_file(tmp_path, [], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "2 samples x 2 rollouts = 4 trajectories: 4 succeeded, 0 failed, 0 not run" in done.stdout
+    )
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert "total" not in summary  # no reward, no total: absent, never null
+    lines = [
+        json.loads(x) for x in (tmp_path / "o" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert all("total" not in t and t["unscored"] == [] for t in lines)
+
+
+def test_help_names_exit_codes_and_an_out_outside_the_workspace() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "eval", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "COLUMNS": "200"},
+    )
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "--out /tmp/calc-eval" in text and "--out eval-out" not in text
+    assert "143 SIGTERM" in text and "129 SIGHUP" in text and "--llm-timeout" in text
+
+
+def _slow_args(llm: LLMStub) -> list[str]:
+    return ["--llm-base-url", llm.base_url, "-n", "2", "-k", "2"]
+
+
+def _start_slow_eval(tmp_path: Path, llm: LLMStub, err: Any) -> tuple[subprocess.Popen, Path]:
+    marker = tmp_path / "called"
+    slow = _ours(
+        "reward",
+        "slow",
+        "eval_fns:SlowReward",
+        timeout=120,
+        runtime={"env": {"EVAL_MARKER": str(marker), "SLOW_SECONDS": "60"}},
+    )
+    config = job_file(tmp_path, [ROLLOUT, slow])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "eval", "-c", str(config), *_slow_args(llm)],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), (tmp_path / "err").read_text()
+    return process, config
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_stop_every_server(tmp_path: Path, sig: int, code: int) -> None:
+    with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
+        process, _ = _start_slow_eval(tmp_path, llm, err)
+        process.send_signal(sig)
+        assert process.wait(60) == code
+    assert "interrupted" in (tmp_path / "err").read_text()
+    # the autouse fixture: no server left running, no temporary directory left behind
+
+
+def test_kill_9_takes_the_servers_along_and_the_next_eval_removes_the_temp_dir(
+    tmp_path: Path,
+) -> None:
+    from conftest import descendants, wait_gone
+
+    with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
+        process, config = _start_slow_eval(tmp_path, llm, err)
+        servers = descendants(process.pid)
+        assert servers
+        left = [
+            p for p in SERVER_TMP.iterdir() if p.name.startswith(f"runtime-eval-{process.pid}-")
+        ]
+        assert len(left) == 1
+        process.kill()
+        process.wait(30)
+        assert wait_gone(servers, 60) == set()  # the kernel told them: SIGTERM
+        assert left[0].exists()
+        done = run_eval(config)  # any later eval, even one that stops at a usage error
+        assert done.returncode == 2
+        assert not left[0].exists()

@@ -81,6 +81,10 @@ class _Stop(Exception):
     pass
 
 
+class _NotACompletion(Exception):
+    pass
+
+
 class _Progress:
     """A rich progress bar per stage on stderr: done/total, failures, elapsed, remaining."""
 
@@ -314,11 +318,13 @@ class _Runner:
                     **tools,
                     **known,
                 )
+                if isinstance(response, str):  # a 200 that is not JSON: a web page, ...
+                    raise _NotACompletion(f"not a chat completion: {response[:200]!r}")
                 message = response.choices[0].message.model_dump(exclude_none=True)
                 call = Call(LLM_NAME, True, time.perf_counter() - started)
             except Exception as exc:  # a bad answer fails this call, not the run
                 code = getattr(exc, "code", None) if isinstance(exc, OpenAIError) else None
-                if isinstance(exc, AttributeError | TypeError):  # a 200 that is not JSON
+                if isinstance(exc, _NotACompletion):
                     code = "INVALID_RESPONSE"
                 detail = f"{type(exc).__name__}: {exc}"
                 latency = time.perf_counter() - started

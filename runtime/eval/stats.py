@@ -186,6 +186,7 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
         metrics = [t.metrics[name] for t in trajectories if name in t.metrics]
         found = reported(metrics)
         rewards[name]["sub_rewards_without_weight"] = [s for s in found if s not in weighted]
+        shown = ", ".join(sorted(found)) or "nothing"
         for sub in weighted:
             if metrics and sub not in found:  # scored, yet never a word of this sub-reward
                 flags.append(
@@ -193,7 +194,7 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
                         "kind": "weight_never_reported",
                         "function": name,
                         "message": f"{name}: weight set for sub-reward {sub}, which the "
-                        f"function never reports (it reports: {', '.join(found) or 'nothing'})",
+                        f"function never reports (it reports: {shown})",
                     }
                 )
         for sub, numbers in subs.items():
