@@ -315,3 +315,11 @@ def test_datasets_as_written_uploaded_once_and_refusals_detailed(platform, works
     assert body["validation_datasets"][-1] == {
         "type": "validation", "data_source_type": "download_url", "download_url": "http://d/x"
     }  # fmt: skip
+
+
+def test_modules_of_the_workspace_do_not_shadow_the_clients_own(platform, workspace):
+    for shadow in ("yaml.py", "httpx.py", "orjson.py"):
+        (workspace / shadow).write_text(f"raise ImportError('the workspace {shadow} was used')\n")
+    done = cli(platform, "job", "run", "-c", "rl-job.yaml", "-o", "yaml", cwd=workspace)
+    assert done.returncode == 0, done.stderr
+    assert "job_id: ft-" in done.stdout

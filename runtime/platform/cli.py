@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMANDS", "add_commands", "run"]
+__all__ = ["COMMANDS", "add_commands", "keep_workspace_off_path", "run"]
 
 COMMANDS = ("register", "test-function", "upload-data", "job", "instance")
 
@@ -234,8 +234,22 @@ def add_commands(commands: Any) -> None:
         sub.add_argument("instance_id", metavar="INSTANCE_ID")
 
 
+def keep_workspace_off_path() -> None:
+    """``python -m runtime`` puts the current directory first on ``sys.path``: a workspace
+    ``yaml.py`` or ``httpx/`` would then shadow the client's own imports. The client
+    imports nothing from the workspace (the import check runs in a subprocess), so the
+    current directory goes, unless this runtime itself is imported from it."""
+    import runtime
+
+    here = Path.cwd().resolve()
+    if Path(runtime.__file__).resolve().parent.parent == here:
+        return
+    sys.path[:] = [p for p in sys.path if p != "" and Path(p).resolve() != here]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a platform command; its exit status."""
+    keep_workspace_off_path()
     from runtime.platform.config import ConfigError
     from runtime.platform.datasets import DatasetError
     from runtime.platform.functions import ComponentError
