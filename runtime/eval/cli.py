@@ -317,6 +317,10 @@ def _run(args: argparse.Namespace) -> int:
             except report.ReportUnavailable as exc:
                 written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}"
                 reporter.note(f"warning: {exc}")
+            except Exception as exc:  # the page is a view: its failure loses no numbers
+                written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}"
+                why = f"{type(exc).__name__}: {exc}"
+                reporter.note(_scrub(f"warning: report.html not written: {why}"))
     finally:
         report.print_table(summary)
     if out is not None:

@@ -352,7 +352,7 @@ class _Runner:
         trajectory.latency[function.name] = call.latency
         if call.ok:
             trajectory.scores[function.name] = float(score)  # type: ignore[arg-type]
-            trajectory.metrics[function.name] = dict(reward.get("reward_metrics") or {})  # type: ignore[union-attr]
+            trajectory.metrics[function.name] = _metrics(reward)
         else:
             trajectory.errors[function.name] = {"code": call.error_code, "message": call.error}
         self._record(call, f"reward {function.name}")
@@ -381,7 +381,7 @@ class _Runner:
             score = item.get("reward_score") if isinstance(item, dict) else None
             if isinstance(score, (int, float)) and math.isfinite(score):
                 trajectory.scores[function.name] = float(score)
-                trajectory.metrics[function.name] = dict(item.get("reward_metrics") or {})  # type: ignore[union-attr]
+                trajectory.metrics[function.name] = _metrics(item)
             else:
                 trajectory.errors[function.name] = {
                     "code": call.error_code or "INVALID_OUTPUT",
@@ -389,15 +389,34 @@ class _Runner:
                 }
         self._record(call, f"group {function.name}")
 
+    async def _guarded(self, function: str, stage: str, work: Any, *args: Any) -> None:
+        """A bug of eval's own in one call fails that call, never the run."""
+        try:
+            await work(*args)
+        except _Stop:
+            raise
+        except Exception as exc:
+            self._record(
+                Call(function, False, 0.0, "EVAL_ERROR", f"{type(exc).__name__}: {exc}"), stage
+            )
+
     async def _chain(self, trajectory: Trajectory) -> None:
-        await self._rollout(trajectory)
+        rollout = self.plan.rollout
+        name = rollout.name if rollout else LLM_NAME
+        stage = "rollouts" if rollout else "chat completions"
+        await self._guarded(name, stage, self._rollout, trajectory)
+        if trajectory.status == "pending":  # eval's own error, recorded as the call's
+            trajectory.status, trajectory.error_code = "failed", "EVAL_ERROR"
         if trajectory.status != "success":
             for function in self.plan.rewards:
                 self.progress.skip(f"reward {function.name}", 1)
             return
         async with anyio.create_task_group() as group:
             for function in self.plan.rewards:
-                group.start_soon(self._reward, function, trajectory)
+                stage = f"reward {function.name}"
+                group.start_soon(
+                    self._guarded, function.name, stage, self._reward, function, trajectory
+                )
 
     async def _sample(self, group: list[Trajectory]) -> None:
         async with anyio.create_task_group() as chains:
@@ -405,7 +424,8 @@ class _Runner:
                 chains.start_soon(self._chain, trajectory)
         async with anyio.create_task_group() as groups:
             for function in self.plan.group_rewards:
-                groups.start_soon(self._group, function, group)
+                stage = f"group {function.name}"
+                groups.start_soon(self._guarded, function.name, stage, self._group, function, group)
 
     async def run(self, trajectories: list[Trajectory]) -> None:
         by_sample: dict[int, list[Trajectory]] = {}
@@ -421,6 +441,11 @@ class _Runner:
         finally:
             if self.llm is not None:
                 await self.llm.close()
+
+
+def _metrics(reward: Any) -> dict[str, Any]:
+    found = reward.get("reward_metrics") if isinstance(reward, dict) else None
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def _max_body(function: FunctionUnderTest) -> int:
