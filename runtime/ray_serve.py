@@ -118,31 +118,11 @@ class FunctionReplica:
         self._function_app: Any = None  # not "app": the Serve wrapper has one
 
     def __serve_build_asgi_app__(self) -> Any:
-        from runtime.app import FunctionApp
-        from runtime.function import Function
-        from runtime.loading import load_target
-        from runtime.tracing import Tracing
+        from runtime.server import build_app
 
         settings = self._function_settings
         logging.getLogger("runtime").setLevel(settings.log_level.upper())  # Ray owns handlers
-        target = load_target(settings.target, settings.workspace, settings.func_type)
-        function = Function(
-            target,
-            isolation=settings.isolation,
-            processes=settings.processes,
-            threads=settings.threads,
-            sub_reward_errors=settings.sub_reward_errors,
-        )
-        tracing = (
-            Tracing(
-                target.func_type.value,
-                target.name,
-                flush_each_request=settings.flush_spans == "request",
-            )
-            if settings.tracing
-            else None
-        )
-        self._function_app = FunctionApp(function, settings, tracing)
+        self._function_app = build_app(settings)
         return _StartedWhenReady(self._function_app)
 
     async def check_health(self) -> None:

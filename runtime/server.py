@@ -31,7 +31,7 @@ from runtime.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
 from runtime.supervisor import STOPPED, Heartbeat, supervise
 from runtime.tracing import Tracing
 
-__all__ = ["Server", "run_worker", "serve"]
+__all__ = ["Server", "build_app", "run_worker", "serve"]
 
 log = logging.getLogger("runtime")
 
@@ -192,6 +192,28 @@ def _bind(settings: Settings) -> socket.socket:
     return sock
 
 
+def build_app(settings: Settings) -> FunctionApp:
+    """The app of ``settings``: its target loaded, its processor made, traced if asked."""
+    target = load_target(settings.target, settings.workspace, settings.func_type)
+    function = Function(
+        target,
+        isolation=settings.isolation,
+        processes=settings.processes,
+        threads=settings.threads,
+        sub_reward_errors=settings.sub_reward_errors,
+    )
+    tracing = (
+        Tracing(
+            target.func_type.value,
+            target.name,
+            flush_each_request=settings.flush_spans == "request",
+        )
+        if settings.tracing
+        else None
+    )
+    return FunctionApp(function, settings, tracing)
+
+
 def run_worker(
     settings: Settings, sock: socket.socket | None = None, heartbeat: Heartbeat | None = None
 ) -> None:
@@ -200,24 +222,7 @@ def run_worker(
     if sock is None:
         sock = _bind(settings)
     try:
-        target = load_target(settings.target, settings.workspace, settings.func_type)
-        function = Function(
-            target,
-            isolation=settings.isolation,
-            processes=settings.processes,
-            threads=settings.threads,
-            sub_reward_errors=settings.sub_reward_errors,
-        )
-        tracing = (
-            Tracing(
-                target.func_type.value,
-                target.name,
-                flush_each_request=settings.flush_spans == "request",
-            )
-            if settings.tracing
-            else None
-        )
-        app = FunctionApp(function, settings, tracing)
+        app = build_app(settings)
     except (TargetError, ProcessorFailure) as exc:
         log.error("%s", exc)
         sys.exit(STARTUP_FAILURE)

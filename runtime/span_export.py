@@ -30,7 +30,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-__all__ = ["PipeSpanProcessor", "span_record"]
+__all__ = ["PipeSpanProcessor", "record", "span_record"]
 
 log = logging.getLogger("runtime")
 
@@ -40,29 +40,56 @@ log = logging.getLogger("runtime")
 SpanRecord = tuple[Any, ...]
 
 
-def span_record(span: ReadableSpan) -> SpanRecord:
-    context = span.context
-    parent = span.parent
-    scope = span.instrumentation_scope
+def record(
+    name: str,
+    context: Any,
+    parent: Any,
+    kind: int,
+    start: int,
+    end: int,
+    attributes: dict[str, Any],
+    events: list[tuple[str, dict[str, Any], int]],
+    links: list[tuple[int, int, dict[str, Any]]],
+    status: tuple[int, str | None],
+    scope: tuple[str, str | None],
+) -> SpanRecord:
+    """A finished span as a ``SpanRecord``, from its parts."""
     return (
-        span.name,
+        name,
         context.trace_id,
         context.span_id,
         int(context.trace_flags),
         tuple(context.trace_state.items()),
         parent.span_id if parent is not None else 0,
         parent.is_remote if parent is not None else False,
+        kind,
+        start,
+        end,
+        attributes,
+        events,
+        links,
+        status[0],
+        status[1],
+        scope,
+    )
+
+
+def span_record(span: ReadableSpan) -> SpanRecord:
+    scope = span.instrumentation_scope
+    return record(
+        span.name,
+        span.context,
+        span.parent,
         span.kind.value,
-        span.start_time,
-        span.end_time,
+        span.start_time or 0,
+        span.end_time or 0,
         dict(span.attributes or {}),
         [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
         [
             (link.context.trace_id, link.context.span_id, dict(link.attributes or {}))
             for link in span.links
         ],
-        span.status.status_code.value,
-        span.status.description,
+        (span.status.status_code.value, span.status.description),
         (scope.name, scope.version) if scope is not None else ("", None),
     )
 

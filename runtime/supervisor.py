@@ -211,6 +211,8 @@ class _Supervisor:
             process = worker.process
             if not process.is_alive():
                 self.slots[index] = None
+                if worker.heartbeat.state != "starting":  # it got ready since the last look
+                    worker.ready = True
                 self.on_death(index, worker, now)
                 if self.stop.is_set():
                     return

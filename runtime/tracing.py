@@ -42,7 +42,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from processors_base.observability._core import BAGGAGE_KEYS
 from processors_base.observability.processor import processor_span
-from runtime.span_export import PipeSpanProcessor
+from runtime.span_export import PipeSpanProcessor, record
 
 __all__ = ["Tracing"]
 
@@ -263,25 +263,18 @@ class _RequestSpan(Span):
         if self._end:
             return
         self._end = end_time or time_ns()
-        context = self._context
-        parent = self._parent
         self._export.put(
-            (
+            record(
                 self._name,
-                context.trace_id,
-                context.span_id,
-                int(context.trace_flags),
-                tuple(context.trace_state.items()),
-                parent.span_id if parent is not None else 0,
-                parent.is_remote if parent is not None else False,
+                self._context,
+                self._parent,
                 self._kind.value,
                 self._start,
                 self._end,
                 self._attributes,
                 self._events,
                 [],
-                self._status[0].value,
-                self._status[1],
+                (self._status[0].value, self._status[1]),
                 _SCOPE,
             )
         )
