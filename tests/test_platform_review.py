@@ -323,3 +323,20 @@ def test_modules_of_the_workspace_do_not_shadow_the_clients_own(platform, worksp
     done = cli(platform, "job", "run", "-c", "rl-job.yaml", "-o", "yaml", cwd=workspace)
     assert done.returncode == 0, done.stderr
     assert "job_id: ft-" in done.stdout
+
+
+def test_tables_escape_control_characters_and_the_request_timeout_is_honoured(platform, workspace):
+    opd = _opd_job(platform, workspace)
+    evil = "evil\x1b[2J\nname"
+    submitted = cli(platform, "job", "run", "-c", str(opd), "--job-name", evil)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "job_name    evil\\x1b[2J\\nname" in submitted.stdout
+    listed = cli(platform, "job", "list")
+    assert "\x1b" not in listed.stdout and "evil\\x1b[2J\\nname" in listed.stdout
+    assert len(listed.stdout.splitlines()) == 3  # header, one job, the page line
+
+    platform.slow[FT] = 5.0
+    slow = cli(platform, "job", "cancel", "ft-1", "--request-timeout", "0.5")
+    assert slow.returncode == 1 and "(ReadTimeout)" in one_error_line(slow)
+    slow = cli(platform, "job", "cancel", "ft-1", env={"HTTP_REQUEST_TIMEOUT": "0.5"})
+    assert slow.returncode == 1 and "(ReadTimeout)" in one_error_line(slow)
