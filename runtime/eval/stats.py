@@ -185,7 +185,10 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
             )
         metrics = [t.metrics[name] for t in trajectories if name in t.metrics]
         found = reported(metrics)
-        rewards[name]["sub_rewards_without_weight"] = [s for s in found if s not in weighted]
+        # only where some are weighed: a reward with no weights reports its metrics for show
+        rewards[name]["sub_rewards_without_weight"] = [
+            s for s in found if weighted and s not in weighted
+        ]
         shown = ", ".join(sorted(found)) or "nothing"
         for sub in weighted:
             if metrics and sub not in found:  # scored, yet never a word of this sub-reward
