@@ -340,3 +340,14 @@ def test_tables_escape_control_characters_and_the_request_timeout_is_honoured(pl
     assert slow.returncode == 1 and "(ReadTimeout)" in one_error_line(slow)
     slow = cli(platform, "job", "cancel", "ft-1", env={"HTTP_REQUEST_TIMEOUT": "0.5"})
     assert slow.returncode == 1 and "(ReadTimeout)" in one_error_line(slow)
+
+
+def test_a_request_that_cannot_be_built_is_not_sent_nor_retried():
+    from runtime.platform import jobs
+    from runtime.platform.http import Platform, RequestNotSent
+
+    notes: list[str] = []
+    client = Platform("ftp://example/api/v1", "sk-x", notify=notes.append)
+    with client, pytest.raises(RequestNotSent, match=r"not sent.*UnsupportedProtocol"):
+        jobs.submit(client, {"job_name": "x"})
+    assert not notes  # no retry

@@ -139,9 +139,10 @@ def resolve(
 def check_imports(components: list[Component], reporter: Reporter) -> None:
     """Import every class in a clean subprocess, fail before any upload: from the unpacked
     package when the components have one (what ships), else from the workspace."""
+    # one check per workspace: its components' packages differ only in start.sh
     groups: dict[object, list[Component]] = {}
     for component in components:
-        key = component.package.sha256 if component.package else component.zipdir.resolve()
+        key = (component.zipdir.resolve(), component.extra_files, component.package is None)
         groups.setdefault(key, []).append(component)
     with reporter.step(f"checking that {len(components)} class(es) import"):
         for group in groups.values():
