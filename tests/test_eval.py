@@ -557,6 +557,8 @@ def test_a_bad_out_is_refused_before_anything_starts(tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
     (full / "notes.txt").write_text("mine")
+    (full / "logs").mkdir()
+    (full / "logs" / "keep.txt").write_text("mine too")  # not eval's: a log folder of theirs
     with LLMStub(free_port()) as llm:
         base = ("--llm-base-url", llm.base_url, "-n", "1", "-k", "1")
         done = run_eval(config, *base, "--out", "afile")
@@ -564,11 +566,22 @@ def test_a_bad_out_is_refused_before_anything_starts(tmp_path: Path) -> None:
         done = run_eval(config, *base, "--out", "afile/sub")
         assert done.returncode == 2 and "cannot write there" in done.stderr
         done = run_eval(config, *base, "--out", "full")
-        assert done.returncode == 2 and "holds files that are not eval's (notes.txt)" in done.stderr
+        assert done.returncode == 2
+        assert "holds files that are not eval's (logs, notes.txt)" in done.stderr
         assert "checking that" not in done.stderr and not llm.requests  # nothing started
         done = run_eval(config, *base, "--out", "full", "--force")
         assert done.returncode == 0, done.stderr
     assert (full / "notes.txt").read_text() == "mine" and (full / "summary.json").exists()
+    assert (full / "logs" / "keep.txt").exists() and (full / "logs" / "calc-rollout.log").exists()
+    (full / "notes.txt").unlink()
+    (full / "logs" / "keep.txt").unlink()
+    (full / "report.html").write_text("stale")
+    with LLMStub(free_port()) as llm:  # only eval's files of the last run: replaced, no --force
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "-n", "1", "-k", "1", "--out", "full"
+        )
+    assert done.returncode == 0, done.stderr
+    assert "stale" not in (full / "report.html").read_text()
 
 
 def test_an_llm_that_never_answers_is_named_before_anything_starts(tmp_path: Path) -> None:

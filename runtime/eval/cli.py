@@ -186,6 +186,17 @@ def _error(message: str, code: int) -> int:
 _OWN_FILES = ("trajectories.jsonl", "summary.json", "report.html", "logs")
 
 
+def _own(path: Path) -> bool:
+    """One of eval's files, as an earlier run left it (``logs/``: server logs only)."""
+    if path.name not in _OWN_FILES or path.is_symlink():
+        return False
+    if path.name == "logs":
+        return path.is_dir() and all(
+            p.is_file() and p.suffix == ".log" and not p.is_symlink() for p in path.iterdir()
+        )
+    return path.is_file()
+
+
 def _prepare_out(out: Path, force: bool) -> str | None:
     """Create ``out`` and check it can be written, before anything starts; eval's files of an
     earlier run there are removed (never to be mistaken for this run's). None when usable,
@@ -201,7 +212,7 @@ def _prepare_out(out: Path, force: bool) -> str | None:
             pass
     except OSError as exc:
         return f"--out {out}: cannot write there: {exc.strerror or exc}"
-    others = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES)
+    others = sorted(p.name for p in out.iterdir() if not _own(p))
     if others and not force:
         shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
         return (
@@ -211,9 +222,11 @@ def _prepare_out(out: Path, force: bool) -> str | None:
     for name in _OWN_FILES:
         path = out / name
         try:
-            if path.is_dir() and not path.is_symlink():
+            if not _own(path):  # a user's (kept under --force), or not there
+                continue
+            if path.is_dir():
                 shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
+            else:
                 path.unlink()
         except OSError as exc:
             return f"--out {out}: cannot replace {name}: {exc.strerror or exc}"
