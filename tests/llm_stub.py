@@ -7,7 +7,8 @@ Deterministic, as a seeded sampler is: the same messages and ``seed`` get the sa
 odd ``seed`` it is careless: it answers at once with the first number of the question; so
 K rollouts seeded 0..K-1 of one question disagree whenever the other answer is right.
 ``broken`` makes it misbehave after its first ``broken_after`` requests: ``"401"`` refuses
-the key and names it, as providers do; ``"html"`` answers 200 with a web page.
+the key and names it, as providers do; ``"html"`` answers 200 with a web page;
+``"max_tokens"`` refuses (400) a request with ``max_tokens``, as reasoning models do.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class LLMStub(ThreadedServer):
         authorization = request.headers.get("authorization", "")
         self.authorizations.append(authorization)
         broken = self.broken if len(self.requests) > self.broken_after else None
+        if broken == "max_tokens" and "max_tokens" in body:
+            error = {"message": "Unsupported parameter: 'max_tokens'", "code": "bad_param"}
+            return JSONResponse({"error": error}, 400)
         if broken == "html":
             page = "<html><body><h1>Welcome to nginx!</h1></body></html>"
             return HTMLResponse(page)

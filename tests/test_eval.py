@@ -600,6 +600,22 @@ def test_an_llm_that_never_answers_is_named_before_anything_starts(tmp_path: Pat
     )
     assert "starting" not in done.stderr  # no function was started for nothing
     assert time.monotonic() - started < 60
+    with LLMStub(free_port()) as llm:  # it refuses the key, and names it
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--llm-model", "reject-key",
+            "--llm-api-key", KEY,
+        )  # fmt: skip
+    assert done.returncode == 1 and "starting" not in done.stderr
+    assert "answered a test completion (model reject-key) with HTTP 401" in done.stderr
+    assert KEY not in done.stderr and "Incorrect API key provided: ***" in done.stderr
+    with LLMStub(free_port(), broken="html") as llm:  # a web server, not an LLM
+        done = run_eval(config, "--llm-base-url", llm.base_url)
+    assert done.returncode == 1 and "starting" not in done.stderr
+    assert f"the LLM at {llm.base_url} answered a test completion with text/html" in done.stderr
+    with LLMStub(free_port(), broken="max_tokens") as llm:  # up, only not for max_tokens
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "1", "-k", "1")
+    assert done.returncode == 0, done.stderr
+    assert "refused the one-token test completion with HTTP 400" in done.stderr
 
 
 def test_weights_never_reported_and_a_ground_truth_key_that_matches_nothing(

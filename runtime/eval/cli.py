@@ -293,9 +293,11 @@ def _run(args: argparse.Namespace) -> int:
     assert plan.llm is not None
     try:
         with reporter.step(f"asking the LLM for a test completion ({plan.llm.model})"):
-            probe.probe(plan.llm, plan.scrub)
+            warning = probe.probe(plan.llm, plan.scrub)
     except probe.ProbeError as exc:
         return _error(str(exc), 1)
+    if warning:
+        reporter.note(warning)
 
     inside = out and next(
         (f for f in plan.functions if out.resolve().is_relative_to(f.component.zipdir)), None

@@ -18,8 +18,10 @@ class ProbeError(Exception):
     """Exit 1: the LLM did not answer the test completion as an OpenAI endpoint does."""
 
 
-def probe(llm: LLM, scrub: Scrubber) -> float:
-    """Seconds the test completion took; ProbeError (scrubbed, naming the URL) if it fails."""
+def probe(llm: LLM, scrub: Scrubber) -> str | None:
+    """None when the LLM answered; a warning when it refused only the request's form (400,
+    422: a model that wants ``max_completion_tokens``, say), since it did answer; else
+    ProbeError, scrubbed and naming the URL."""
     shown = without_userinfo(llm.base_url)
     url = llm.base_url.rstrip("/") + "/chat/completions"
     body = {
@@ -41,8 +43,12 @@ def probe(llm: LLM, scrub: Scrubber) -> float:
         raise ProbeError(
             scrub.text(f"cannot reach the LLM at {shown}: {type(exc).__name__}: {exc}")
         ) from None
-    elapsed = response.elapsed.total_seconds()
     text = scrub.text(response.text[:300].strip())
+    if response.status_code in (400, 422):
+        return (
+            f"warning: the LLM at {shown} refused the one-token test completion with HTTP "
+            f"{response.status_code} ({text}); it is up, so the run goes on"
+        )
     if response.status_code != 200:
         raise ProbeError(
             f"the LLM at {shown} answered a test completion (model {llm.model}) with HTTP "
@@ -61,4 +67,4 @@ def probe(llm: LLM, scrub: Scrubber) -> float:
             f"the LLM at {shown} answered a test completion without 'choices': not an "
             f"OpenAI-compatible chat completions endpoint? It said: {text}"
         )
-    return elapsed
+    return None
