@@ -23,6 +23,7 @@ __all__ = ["LLM_NAME", "Call", "Results", "Trajectory", "run"]
 
 LLM_NAME = "llm"  # the function name of the chat completions when the job has no rollout
 EARLY_STOP_AFTER = 20  # calls of a function finished before its failure rate may stop the run
+_EXIT_WAIT = 2.0  # seconds a connection error waits to see whether the server is exiting
 _CHAT_PARAMS = frozenset(
     (
         "temperature",
@@ -221,7 +222,7 @@ class _Runner:
                 return None, Call(function.name, False, latency, "CLIENT_TIMEOUT", "no answer")
             except Exception as exc:  # any failure is this call's, not the run's
                 latency = time.perf_counter() - started
-                return None, self._transport_error(function, body, latency, exc)
+                return None, await self._transport_error(function, body, latency, exc)
             latency = time.perf_counter() - started
         try:
             output = orjson.loads(response.content)
@@ -236,12 +237,12 @@ class _Runner:
             return output, Call(function.name, False, latency, str(code), str(message))
         return output, Call(function.name, True, latency)
 
-    def _transport_error(
+    async def _transport_error(
         self, function: FunctionUnderTest, body: dict[str, Any], latency: float, exc: Exception
     ) -> Call:
         """No answer: the server died, refused a body too large (413, then it closes the
         connection before the body is sent, so the client sees only a reset), or else."""
-        gone = self.exited(function.name) if self.exited else None
+        gone = await self._gone(function.name)
         if gone:
             return Call(function.name, False, latency, "SERVER_EXITED", gone)
         size = len(orjson.dumps(body))
@@ -254,6 +255,16 @@ class _Runner:
             return Call(function.name, False, latency, "BODY_TOO_LARGE", message)
         detail = f"{type(exc).__name__}: {exc}"
         return Call(function.name, False, latency, "CONNECTION_ERROR", detail)
+
+    async def _gone(self, name: str) -> str | None:
+        """Why the function's server is gone, if it is: a dying process closes its sockets
+        a moment before it can be reaped, so a connection error waits for it a little."""
+        if self.exited is None:
+            return None
+        deadline = time.monotonic() + _EXIT_WAIT
+        while (why := self.exited(name)) is None and time.monotonic() < deadline:
+            await anyio.sleep(0.05)
+        return why
 
     # ---- stages -----------------------------------------------------------------------
 
