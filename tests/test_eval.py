@@ -765,3 +765,22 @@ def test_kill_9_takes_the_servers_along_and_the_next_eval_removes_the_temp_dir(
         done = run_eval(config)  # any later eval, even one that stops at a usage error
         assert done.returncode == 2
         assert not left[0].exists()
+
+
+def test_a_data_lines_model_resource_key_never_shows(tmp_path: Path) -> None:
+    """A line that carries its own model_resource: eval writes the line's ground_truth
+    (here, the whole rollout_extra) to trajectories.jsonl and the page, blanked."""
+    line_key = "sk-line-Secret-abcdef0123456789"
+    line = json.loads(DATA.read_text().splitlines()[0])
+    line["rollout_extra"]["model_resource"] = {"api_key": line_key}
+    data = tmp_path / "keyed.jsonl"
+    data.write_text(json.dumps(line) + "\n")
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--data", str(data), "-k", "2",
+            "--ground-truth-key", "rollout_extra", "--out", "o",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _lines(tmp_path / "o")[0]["ground_truth"]["model_resource"] == {"api_key": "***"}
+    assert line_key not in _everything(done, tmp_path / "o")
