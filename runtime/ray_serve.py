@@ -63,18 +63,39 @@ def serve_on_ray(settings: Settings) -> int:
         ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
     else:
         ray.init(runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
+    # ray.init() installs its own SIGTERM handler (exit 15): ours replaces it now. Until
+    # the application is running, a signal interrupts the deployment (Serve may route to
+    # replicas before serve.run() returns); after that, it ends the wait.
+    stop = _StopSignal()
     name = settings.target.replace(":", ".").rsplit(".", 1)[-1]
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(_application(settings, name), name=name, route_prefix="/")
-        log.info(
-            "ready: %s on Ray Serve at http://%s:%d (%s replicas)",
-            name,
-            settings.host,
-            settings.port,
-            settings.replicas,
-        )
-        _wait_for_signal()
+        try:
+            serve.start(http_options={"host": settings.host, "port": settings.port})
+            serving_at = _proxy_address()
+            if serving_at not in (None, (settings.host, settings.port)):
+                log.error(
+                    "Serve already runs on this cluster, its proxy on %s:%d: it cannot move "
+                    "to --host %s --port %d; serve there (--host/--port), or stop it first "
+                    "with `serve shutdown`",
+                    *serving_at,
+                    settings.host,
+                    settings.port,
+                )
+                return 2
+            serve.run(_application(settings, name), name=name, route_prefix="/")
+            stop.interrupts = False
+            log.info(
+                "ready: %s on Ray Serve at http://%s:%d (%s replicas)",
+                name,
+                settings.host,
+                settings.port,
+                settings.replicas,
+            )
+            while not stop.wait(1.0):
+                pass
+        except _Stopped:
+            pass
+        sys.stdout.flush()
         log.info("stopping: deleting the Ray Serve application %s", name)
         serve.delete(name)
     except Exception as exc:  # a replica's setup() failed, a port was taken...
@@ -160,6 +181,17 @@ class _StartedWhenReady:
         await self.app(scope, receive, send_when_ready)
 
 
+def _proxy_address() -> tuple[str, int] | None:
+    """Where the cluster's Serve proxy listens: fixed by whoever started Serve first."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        config = _get_global_client().http_config
+        return str(config.host), int(config.port)
+    except Exception:  # a Ray whose private API moved: skip the check
+        return None
+
+
 def _packages() -> list[str]:
     """This project's packages, as directories for Ray's ``py_modules``."""
     import processors_base
@@ -168,10 +200,23 @@ def _packages() -> list[str]:
     return [str(Path(p.__file__).parent) for p in (runtime, processors_base)]
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
-    sys.stdout.flush()
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT while deploying: not an Exception, so that no handler in Ray's
+    code swallows it."""
+
+
+class _StopSignal(threading.Event):
+    """Set by SIGTERM or SIGINT; while ``interrupts`` is true, the first signal also raises
+    ``_Stopped`` in the main thread (once: a second one must not break the cleanup)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupts = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._received)
+
+    def _received(self, signum: int, frame: object) -> None:
+        self.set()
+        if self.interrupts:
+            self.interrupts = False
+            raise _Stopped(signal.Signals(signum).name)

@@ -202,7 +202,7 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             assert len(failed) <= 5  # at most the calls caught on the dying replica
 
             # SIGTERM deletes the application: no replica is left
-            assert server.terminate(timeout=120) == 0
+            assert server.terminate(timeout=120) == 0, server.output()[-5000:]
             assert not [a for a in live_serve_actors(address) if "REPLICA" in a]
             # and serve shutdown leaves no Serve actor at all
             ray_script(address, "serve.shutdown()\n")
@@ -215,7 +215,7 @@ def pid_of(answer: httpx.Response) -> int:
     return int(answer.json()["reward"]["reward_metrics"]["pid"])
 
 
-def test_a_replica_unhealthy_as_health_says_is_replaced() -> None:
+def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_cleanly() -> None:
     # every thread stuck: /health says unhealthy, and so must Serve's health check
     with ray_cluster() as address:
         server = Server(
@@ -250,6 +250,39 @@ def test_a_replica_unhealthy_as_health_says_is_replaced() -> None:
                 assert time.monotonic() < deadline, "the unhealthy replica was never replaced"
                 time.sleep(0.5)
             assert client.get("/health").json()["status"] == "healthy"
-            assert server.terminate(timeout=120) == 0
+            assert server.terminate(timeout=120) == 0, server.output()[-5000:]
         finally:
             server.close()
+
+        # Serve outlives the deleted application, its proxy on the first port: a function
+        # asked to serve on another port is refused, saying where Serve listens
+        elsewhere = Server(
+            "workspace.trainer_fns:PidReward",
+            "--ray",
+            python=RAY_PYTHON or sys.executable,
+            env={**RAY_ENV, "RAY_ADDRESS": address},
+        )
+        try:
+            assert elsewhere.proc.wait(120) == 2, elsewhere.output()[-5000:]
+            assert f"its proxy on 127.0.0.1:{server.port}" in elsewhere.output()
+        finally:
+            elsewhere.close()
+        ray_script(address, "serve.shutdown()\n")
+
+        # SIGTERM while Serve still deploys (the proxy listens, setup() takes a minute):
+        # the deployment is interrupted, the application deleted, and the exit is clean
+        slow = Server(
+            "workspace.trainer_fns:SlowSetupReward",
+            "--ray",
+            "--ray-replica-cpus",
+            "0.5",
+            python=RAY_PYTHON or sys.executable,
+            env={**RAY_ENV, "RAY_ADDRESS": address},
+        )
+        try:
+            slow.wait_listening(timeout=240)
+            assert slow.terminate(timeout=120) == 0, slow.output()[-5000:]
+            assert "ready:" not in slow.output()
+            assert not [a for a in live_serve_actors(address) if "REPLICA" in a]
+        finally:
+            slow.close()

@@ -133,3 +133,13 @@ class PidHangReward(AbstractRewardProcessor):
         if _answer(input_data) == "HANG":
             time.sleep(3600)
         return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics={"pid": os.getpid()}))
+
+
+class SlowSetupReward(AbstractRewardProcessor):
+    """setup() takes a minute: the function is still deploying long after it listens."""
+
+    def setup(self) -> None:
+        time.sleep(60)
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
