@@ -76,6 +76,9 @@ class FunctionApp:
         self._max_body = settings.max_body
         self._body_timeout = settings.body_timeout
         self._body_deadlines = _BodyDeadlines(settings.body_timeout)
+        # The serving loop, known from the lifespan on: on Python 3.11 each argument-less
+        # get_running_loop() or current_task() is a getpid() system call, several a request.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._setup_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
         self._setup_ok = False
@@ -124,7 +127,7 @@ class FunctionApp:
                 # anyio's default threads are left to runtime internals (/metrics, tracing):
                 # user code has its own (runtime.offload.UserThreads) and never holds them.
                 # Setup runs in the background so that /health answers "starting" meanwhile.
-                loop = asyncio.get_running_loop()
+                self.loop = loop = asyncio.get_running_loop()
                 self._setup_task = loop.create_task(self._setup())
                 self._gauge_task = loop.create_task(self._refresh_gauges())
                 await send({"type": "lifespan.startup.complete"})
@@ -401,11 +404,19 @@ class FunctionApp:
         log.warning("a stuck async process() ended after %.1fs", perf_counter() - interrupt.started)
 
     async def _traced_process(self, scope: dict[str, Any], input_data: Any) -> bytes:
-        assert self.tracing is not None
-        with self.tracing.request(scope, input_data) as span:
+        tracing = self.tracing
+        assert tracing is not None
+        span, entered = tracing.begin(scope, input_data)
+        error: BaseException | None = None
+        try:
             result = await self.function.call(input_data)
             record_output(span, result)
             return self.function.serialise(result)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            tracing.end(span, entered, error)
 
     def _finish(
         self,
@@ -459,7 +470,7 @@ class FunctionApp:
                     raise _too_large(max_body)
                 break
         deadlines = self._body_deadlines
-        task = deadlines.start()
+        task = deadlines.start(self.loop or asyncio.get_running_loop())
         try:
             message = await receive()
             if message["type"] != "http.request":
@@ -614,8 +625,8 @@ class _Interrupt:
         started: float,
         timeout: float | None = None,  # seconds; None: --timeout
     ) -> None:
-        self._loop = loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
+        self._loop = loop = app.loop or asyncio.get_running_loop()
+        self.task = asyncio.current_task(loop)
         self._app = app
         self._asgi_send = send
         self.scope = scope
@@ -738,10 +749,9 @@ class _BodyDeadlines:
         self._expired: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
-    def start(self) -> asyncio.Task[Any]:
-        task = asyncio.current_task()
+    def start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
+        task = asyncio.current_task(loop)
         assert task is not None
-        loop = task.get_loop()
         self._reading[task] = loop.time() + self.timeout
         if self._sweeper is None:
             self._sweeper = loop.call_later(self._tick, self._sweep, loop)

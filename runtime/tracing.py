@@ -29,7 +29,9 @@ from time import time_ns
 from typing import Any
 
 from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import (
     NonRecordingSpan,
     Span,
@@ -40,8 +42,9 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
-from processors_base.observability._core import BAGGAGE_KEYS
-from processors_base.observability.processor import processor_span
+from processors_base.observability._core import BAGGAGE_KEYS, capture, capture_enabled
+from processors_base.observability._spans import record_error
+from processors_base.observability.processor import enter, leave
 from runtime.span_export import PipeSpanProcessor, record
 
 __all__ = ["Tracing"]
@@ -50,6 +53,7 @@ log = logging.getLogger("runtime")
 
 _HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate", b"baggage": "baggage"}
 _SCOPE = ("agentic-rl-runtime", None)
+_SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
 
 
@@ -91,12 +95,13 @@ class Tracing:
         self._propagator = CompositePropagator(
             [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
         )
-        self._func_type = func_type
-        self._processor = processor
+        self._span_name = f"{func_type} {processor}"
         self.flush_each_request = flush_each_request  # --flush-spans request
 
-    @contextmanager
-    def request(self, scope: dict[str, Any], input_data: Any) -> Iterator[Span]:
+    def begin(self, scope: dict[str, Any], input_data: Any) -> tuple[Span, tuple[Any, Any]]:
+        """Start the request's processor span, a child of the caller's, and make it current;
+        the span, and what ``end`` needs. (Explicit, not a context manager: this is on
+        every request's path.)"""
         carrier: dict[str, str] = {}
         request_id = None
         for name, value in scope["headers"]:
@@ -116,16 +121,31 @@ class Tracing:
         # the request's secrets, blanked in what spans record, were bound by the app
         if request_id:
             attributes["agentic_rl.request_id"] = request_id
-        with processor_span(
-            self.provider,
-            self._func_type,
-            self._processor,
-            input_data,
-            context=context,
-            attributes=attributes,
-            tracer=self._tracer,
-        ) as span:
+        if capture_enabled():
+            attributes["agentic_rl.input"] = capture(input_data)
+        parent = context if context is not None else otel_context.get_current()
+        span = self._tracer.start_span(self._span_name, parent, SpanKind.SERVER, attributes)
+        return span, enter(span, parent)
+
+    @staticmethod
+    def end(span: Span, entered: tuple[Any, Any], error: BaseException | None = None) -> None:
+        """End what ``begin`` started; ``error``, raised meanwhile, marks the span."""
+        if error is not None:
+            record_error(span, error)
+        leave(span, entered)
+
+    @contextmanager
+    def request(self, scope: dict[str, Any], input_data: Any) -> Iterator[Span]:
+        """``begin`` and ``end`` around a block."""
+        span, entered = self.begin(scope, input_data)
+        error: BaseException | None = None
+        try:
             yield span
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self.end(span, entered, error)
 
     def flush(self) -> None:
         self.provider.force_flush(timeout_millis=5000)
@@ -140,6 +160,9 @@ class _RequestTracer:
 
     def __init__(self, provider: Any, export: PipeSpanProcessor) -> None:
         self._sampler = provider.sampler
+        # The default sampler samples every span without a parent, with no attributes or
+        # trace state of its own: asking it per request is a cost with a known answer.
+        self._always_roots = provider.sampler is DEFAULT_ON
         self._ids = provider.id_generator
         self._export = export
 
@@ -153,6 +176,14 @@ class _RequestTracer:
         parent = get_current_span(context).get_span_context()
         if not parent.is_valid:
             parent = None
+        if parent is None and self._always_roots:  # what DEFAULT_ON would answer
+            span_context = SpanContext(
+                self._ids.generate_trace_id(),
+                self._ids.generate_span_id(),
+                is_remote=False,
+                trace_flags=_SAMPLED,
+            )
+            return _RequestSpan(name, span_context, None, kind, attributes or {}, self._export)
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
         sampling = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         sampled = sampling.decision.is_sampled()
@@ -160,11 +191,12 @@ class _RequestTracer:
             trace_id,
             self._ids.generate_span_id(),
             is_remote=False,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+            trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
             trace_state=sampling.trace_state,
         )
         if not sampling.decision.is_recording():
             return NonRecordingSpan(span_context)
+        # the sampler's attributes: it echoes the given ones, or filters them
         merged = dict(sampling.attributes) if sampling.attributes else {}
         return _RequestSpan(name, span_context, parent, kind, merged, self._export)
 

@@ -74,3 +74,84 @@ def test_the_exporter_does_not_outlive_a_killed_worker(start_server, receiver):
     server.proc.kill()
     server.proc.wait()
     assert wait_gone(exporters, 15) == set()
+
+
+def _records() -> list[tuple]:
+    """Span records of every shape the encoder meets, lengths around the one-byte limit."""
+    import random
+
+    rng = random.Random(7)
+    records = []
+    for i in range(120):
+        attributes = {
+            "s": f"x{i}",
+            "empty": "",
+            "b": bool(i % 2),
+            "i": -i,
+            "big": 2**40 + i,
+            "f": 1.5 * i,
+            "texts": ("a", "b"),
+            "ints": [1, -2],
+            "bytes": b"\x00\xff",
+            "mapping": {"k": 1, "n": None},
+            "k" * (i % 130): "é中" * (i % 70),
+        }
+        events = [("exception", {"exception.type": "ValueError"}, 10**18 + i)] if i % 7 == 0 else []
+        links = [(rng.getrandbits(128), rng.getrandbits(64), {"l": i})] if i % 6 == 0 else []
+        records.append(
+            (
+                "reward EchoReward" if i % 3 else "",
+                rng.getrandbits(128),
+                rng.getrandbits(64),
+                1,
+                (("vendor", f"v{i}"),) if i % 5 == 0 else (),
+                rng.getrandbits(64) if i % 2 else 0,
+                bool(i % 4),
+                i % 5,
+                10**18 + i,
+                10**18 + 1000 + i,
+                attributes,
+                events,
+                links,
+                i % 3,
+                "judge failed: " + "x" * i if i % 3 == 2 else None,
+                ("agentic-rl-runtime", None) if i % 4 else ("user.scope", "1.2"),
+            )
+        )
+    return records
+
+
+def test_direct_encoding_is_what_the_sdk_encoder_makes() -> None:
+    # The exporter process encodes span records straight to OTLP protobuf; parsed, its
+    # bytes must be the message the SDK's own encoder makes from the rebuilt spans.
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+
+    from runtime.otlp_encoding import RecordEncoder
+    from runtime.span_export import _rebuild
+
+    resource = Resource.create({"service.name": "EchoReward", "process.pid": 1})
+    records = _records()
+    ours = ExportTraceServiceRequest.FromString(RecordEncoder(resource).encode(records))
+    sdk = encode_spans(_rebuild(records, resource)).SerializePartialToString()
+    assert ours == ExportTraceServiceRequest.FromString(sdk)
+    assert sum(len(s.spans) for s in ours.resource_spans[0].scope_spans) == len(records)
+
+
+def test_an_attribute_otlp_cannot_carry_is_left_out_not_the_batch() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+
+    from runtime.otlp_encoding import RecordEncoder
+
+    record = list(_records()[1])
+    record[10] = {"kept": "yes", "odd": object()}
+    encoded = RecordEncoder(Resource.create({})).encode([tuple(record)] * 2)
+    spans = ExportTraceServiceRequest.FromString(encoded).resource_spans[0].scope_spans[0].spans
+    assert len(spans) == 2
+    assert [(a.key, a.value.string_value) for a in spans[0].attributes] == [("kept", "yes")]

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled
 
-__all__ = ["observe_processor", "processor_span", "record_output"]
+__all__ = ["enter", "leave", "observe_processor", "processor_span", "record_output"]
 
 _in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=False)
 
@@ -57,19 +57,29 @@ def processor_span(
     span = (tracer or _tracer(provider)).start_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
-    # The span, over the given context (the caller's span, the request's baggage), becomes
-    # current: every span made under it, in this task or its threads, inherits both.
-    attached = otel_context.attach(set_span_in_context(span, parent))
-    marked = _in_processor_span.set(True)
+    entered = enter(span, parent)
     try:
         yield span
     except BaseException as exc:
         _spans.record_error(span, exc)
         raise
     finally:
-        _in_processor_span.reset(marked)
-        otel_context.detach(attached)
-        span.end()
+        leave(span, entered)
+
+
+def enter(span: Span, parent: Any) -> tuple[Any, Any]:
+    """Make ``span``, over ``parent`` (the caller's span, the request's baggage), the
+    current span: every span made under it, in this task or its threads, inherits both.
+    What ``leave`` needs is returned."""
+    return otel_context.attach(set_span_in_context(span, parent)), _in_processor_span.set(True)
+
+
+def leave(span: Span, entered: tuple[Any, Any]) -> None:
+    """Undo ``enter`` and end the span."""
+    attached, marked = entered
+    _in_processor_span.reset(marked)
+    otel_context.detach(attached)
+    span.end()
 
 
 def record_output(span: Span, output: Any) -> None:
