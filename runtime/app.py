@@ -220,26 +220,28 @@ class FunctionApp:
 
     # --- POST /api/v1 ----------------------------------------------------------------
 
-    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        started = perf_counter()
+    def refusal(self) -> tuple[str, str] | None:
+        """Why no request can be taken now, as the (code, message) of a 503; else None."""
         if self.state != READY:
-            code, message = (
-                (errors.NOT_READY, "the function is starting: setup() has not finished")
-                if self.state == STARTING
-                else (errors.DRAINING, "the function is shutting down")
-            )
-            await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
-            self._finish(scope, started, 503, code, message, None)
-            return
+            if self.state == STARTING:
+                return errors.NOT_READY, "the function is starting: setup() has not finished"
+            return errors.DRAINING, "the function is shutting down"
         if (
             self.function.threads.stuck + self.stuck_tasks >= self.settings.threads
             or self.function.offload.failing
         ):
             # every thread is held by a stuck call, or the isolation processes fail their
             # setup(): answered now (as /health says), not at --timeout or as a 500
-            message = f"unhealthy: {self.unhealthy_reason()}"
-            await _send(send, 503, errors.error_body(errors.UNHEALTHY, message), _RETRY_AFTER)
-            self._finish(scope, started, 503, errors.UNHEALTHY, message, None)
+            return errors.UNHEALTHY, f"unhealthy: {self.unhealthy_reason()}"
+        return None
+
+    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = perf_counter()
+        refused = self.refusal()
+        if refused is not None:
+            code, message = refused
+            await _send(send, 503, errors.error_body(code, message), _RETRY_AFTER)
+            self._finish(scope, started, 503, code, message, None)
             return
         admission = self.admission
         # Full: answered before reading a body. Else admitted only once the body is in, so
@@ -447,7 +449,7 @@ class FunctionApp:
         """The request's whole body, held within the worker's body budget (released by the
         caller); None when it was answered instead (408, 413, 503) or the client left."""
         try:
-            return await self._read_body(scope, receive)
+            return await self.read_body(scope, receive)
         except RequestError as exc:
             extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: body left unread
             await _send(send, exc.status, exc.body, extra)
@@ -457,7 +459,7 @@ class FunctionApp:
             self._finish(scope, started, 499, errors.CLIENT_DISCONNECTED, message, None)
         return None
 
-    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+    async def read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         """Read within --body-timeout, holding (in the admission's body budget) the bytes
         received so far: a client that announces a large body and stalls holds only what it
         sent, so slow senders cannot starve ready ones. A small body is one chunk, one charge."""
@@ -517,15 +519,9 @@ class FunctionApp:
 
     def admit(self, count: int = 1) -> tuple[str, str] | None:
         """Admit ``count`` requests, all or none: None, or the (code, message) of the 503."""
-        if self.state != READY:
-            if self.state == STARTING:
-                return errors.NOT_READY, "the function is starting: setup() has not finished"
-            return errors.DRAINING, "the function is shutting down"
-        if (
-            self.function.threads.stuck + self.stuck_tasks >= self.settings.threads
-            or self.function.offload.failing
-        ):
-            return errors.UNHEALTHY, f"unhealthy: {self.unhealthy_reason()}"
+        refused = self.refusal()
+        if refused is not None:
+            return refused
         for admitted in range(count):
             if not self.admission.try_admit():
                 for _ in range(admitted):

@@ -83,6 +83,7 @@ class Function:
         self._func_type_value = self.func_type.value
         self.failure_template = _failure_template(self.output_model)
         self._non_finite = finder_for(self.output_model)
+        self._to_json = strict_serializer(self.output_model).to_json
         # How a failed sub-reward counts (see processors_base.rewards); the app adds its counter.
         self.sub_reward_errors = SubRewardErrors(sub_reward_errors)
         with contextlib.suppress(AttributeError):
@@ -197,7 +198,12 @@ class Function:
     def serialise(self, result: Any) -> bytes:
         result = self.validated(result)
         try:
-            data = strict_serializer(type(result)).to_json(result)
+            to_json = (
+                self._to_json
+                if type(result) is self.output_model
+                else strict_serializer(type(result)).to_json  # a subclass of it
+            )
+            data = to_json(result)
         except Exception as exc:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT, f"output of process() is not serialisable: {exc}"

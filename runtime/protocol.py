@@ -154,6 +154,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._rejection is not None or self.transport.is_closing():
             return
         if self._in_headers:
+            if self._read_timer is None:  # headers begun in this read and not complete
+                self._arm_read_timer()
             if whole_read_in_headers:
                 # A value still being received is held by the parser: bound it here too.
                 self._raw_bytes += len(data)
@@ -201,8 +203,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._header_bytes = 0
         self._raw_bytes = 0
-        if self._read_timer is None:
-            self._arm_read_timer()
+        # The headers' deadline is armed at the end of this read if they are not complete
+        # by then (data_received): most requests arrive whole in one read, and need none.
 
     def on_url(self, url: bytes) -> None:
         self._header_bytes += len(url)

@@ -270,7 +270,7 @@ class TrainerRoutes:
                 raise _Reject(503, *refusal)
             app.admission.leave()  # each sample takes its place once the body is in
             try:  # within --body-timeout, --max-body and --max-buffered, as /api/v1
-                raw = await app._read_body(request.scope, request.receive)
+                raw = await app.read_body(request.scope, request.receive)
             except RequestError as exc:
                 raise _Reject(exc.status, exc.code, str(exc)) from None
             held = len(raw)  # held in the body budget until the answer is out
