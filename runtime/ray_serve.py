@@ -22,12 +22,15 @@ SIGTERM or SIGINT deletes the application (and stops a cluster started here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,45 +62,67 @@ def serve_on_ray(settings: Settings) -> int:
         "py_modules": _packages(),
         "excludes": ["__pycache__", "*.pyc"],
     }
-    if joined:
-        ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
-    else:
-        ray.init(runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING)
-    # ray.init() installs its own SIGTERM handler (exit 15): ours replaces it now. Until
-    # the application is running, a signal interrupts the deployment (Serve may route to
-    # replicas before serve.run() returns); after that, it ends the wait.
+    # SIGTERM or SIGINT sets ``stop``. While Ray starts, it is held until Ray has (an
+    # interrupted start of a local cluster orphans its agents); while serve.run() waits
+    # for the replicas, it interrupts that wait (Serve may route to replicas before
+    # serve.run() returns), once; after that, it ends the serving.
     stop = _StopSignal()
-    name = settings.target.replace(":", ".").rsplit(".", 1)[-1]
     try:
+        with _ray_keeps_our_sigterm_handler():
+            if joined:
+                ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
+            else:
+                ray.init(
+                    runtime_env=runtime_env,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                )
+    except (SystemExit, KeyboardInterrupt):  # a Ray whose handlers we could not keep out
+        stop.set()
+    # Ray's core worker put in a C++ handler that logs the signal, then aborts the process:
+    # ours goes back in front of it.
+    stop.install()
+    if stop.is_set():
+        log.info("stopped while connecting to Ray")
+        ray.shutdown()
+        return 0
+    name = settings.target.replace(":", ".").rsplit(".", 1)[-1]
+    deployed = False  # serve.run() began: the application of this name is ours
+    try:
+        refused = _refusal(settings, name)
+        if refused:
+            log.error("%s", refused)
+            return 2
         try:
             serve.start(http_options={"host": settings.host, "port": settings.port})
-            serving_at = _proxy_address()
-            if serving_at not in (None, (settings.host, settings.port)):
-                log.error(
-                    "Serve already runs on this cluster, its proxy on %s:%d: it cannot move "
-                    "to --host %s --port %d; serve there (--host/--port), or stop it first "
-                    "with `serve shutdown`",
-                    *serving_at,
+            if not stop.is_set():
+                deployed = True
+                stop.interrupt()
+                serve.run(_application(settings, name), name=name, route_prefix="/")
+                stop.interrupts = False
+                log.info(
+                    "ready: %s on Ray Serve at http://%s:%d (%s replicas)",
+                    name,
                     settings.host,
                     settings.port,
+                    settings.replicas,
                 )
-                return 2
-            serve.run(_application(settings, name), name=name, route_prefix="/")
-            stop.interrupts = False
-            log.info(
-                "ready: %s on Ray Serve at http://%s:%d (%s replicas)",
-                name,
-                settings.host,
-                settings.port,
-                settings.replicas,
-            )
-            while not stop.wait(1.0):
-                pass
+                while not stop.wait(1.0):
+                    pass
         except _Stopped:
             pass
+        stop.interrupts = False
         sys.stdout.flush()
-        log.info("stopping: deleting the Ray Serve application %s", name)
-        serve.delete(name)
+        if deployed:
+            log.info(
+                "stopping: deleting the Ray Serve application %s (its replicas get --grace, "
+                "%gs, to finish)",
+                name,
+                settings.grace,
+            )
+            serve.delete(name)
+        else:
+            log.info("stopped before deploying anything")
     except Exception as exc:  # a replica's setup() failed, a port was taken...
         log.error("Ray Serve: %s: %s", type(exc).__name__, exc)
         return 3
@@ -106,6 +131,70 @@ def serve_on_ray(settings: Settings) -> int:
             serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _refusal(settings: Settings, name: str) -> str:
+    """Why the function cannot be deployed on this cluster ("" when it can): Serve runs
+    here already with its proxy elsewhere, or an application of the same name runs
+    (another process's: stopping this one would delete it), or the port is taken."""
+    from ray import serve
+
+    where = f"--host {settings.host} --port {settings.port}"
+    serving_at = _proxy_address()
+    if serving_at is None:  # no Serve on this cluster yet: its proxy will bind the port
+        if not _port_free(settings.host, settings.port):
+            return (
+                f"{where} is in use (another server, or the Serve proxy of another Ray "
+                "cluster: Ray's proxy would share the port with it)"
+            )
+        return ""
+    if serving_at != (settings.host, settings.port):
+        host, port = serving_at
+        return (
+            f"Serve already runs on this cluster, its proxy on {host}:{port}: it cannot move "
+            f"to {where}; serve there (--host/--port), or stop Serve and every application "
+            "on it first: RAY_ADDRESS=... python -c 'import ray; from ray import serve; "
+            "ray.init(); serve.shutdown()'"
+        )
+    running = serve.status().applications.get(name)
+    if running is not None and running.status != "DELETING":
+        return (
+            f"an application named {name} already runs on this cluster (another `serve "
+            "--ray` of this function?): stop that process, or delete it with "
+            "RAY_ADDRESS=... python -c 'import ray; from ray import serve; ray.init(); "
+            f'serve.delete("{name}")\''
+        )
+    return ""
+
+
+@contextlib.contextmanager
+def _ray_keeps_our_sigterm_handler() -> Iterator[None]:
+    """ray.init() puts in SIGTERM handlers of its own (exit 15; or, starting a local
+    cluster, stop it and exit 1): kept out while it runs, where Ray allows it."""
+    try:
+        from ray._private import utils
+    except ImportError:
+        yield
+        return
+    setter = getattr(utils, "set_sigterm_handler", None)
+    if setter is None:
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = setter
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no owner
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _application(settings: Settings, name: str) -> Any:
@@ -201,19 +290,29 @@ def _packages() -> list[str]:
 
 
 class _Stopped(BaseException):
-    """SIGTERM or SIGINT while deploying: not an Exception, so that no handler in Ray's
+    """A signal while serve.run() waits: not an Exception, so that no handler in Ray's
     code swallows it."""
 
 
 class _StopSignal(threading.Event):
-    """Set by SIGTERM or SIGINT; while ``interrupts`` is true, the first signal also raises
-    ``_Stopped`` in the main thread (once: a second one must not break the cleanup)."""
+    """Set by SIGTERM or SIGINT. While ``interrupts`` is true, the first signal also
+    raises ``_Stopped`` in the main thread (once: a second must not break the cleanup)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.interrupts = True
+        self.interrupts = False
+        self.install()
+
+    def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._received)
+
+    def interrupt(self) -> None:
+        """From now on a signal raises ``_Stopped``; at once if one came already."""
+        self.interrupts = True
+        if self.is_set():
+            self.interrupts = False
+            raise _Stopped
 
     def _received(self, signum: int, frame: object) -> None:
         self.set()

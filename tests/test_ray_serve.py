@@ -201,6 +201,29 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             assert during and set(during) <= pids - {killed}  # the survivor kept answering
             assert len(failed) <= 5  # at most the calls caught on the dying replica
 
+            # a second copy of the function, on the same proxy, is refused: stopping it
+            # must not delete the application the first one serves
+            command = ["-m", "runtime", "serve", "workspace.trainer_fns:PidReward", "--ray"]
+            second = subprocess.run(
+                [
+                    RAY_PYTHON or sys.executable,
+                    *command,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(server.port),
+                ],
+                cwd=Path(__file__).parent,
+                env={**os.environ, **RAY_ENV, "RAY_ADDRESS": address},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=120,
+            )
+            assert second.returncode == 2, second.stdout[-3000:]
+            assert "an application named PidReward already runs" in second.stdout
+            assert client.get("/health").status_code == 200
+
             # SIGTERM deletes the application: no replica is left
             assert server.terminate(timeout=120) == 0, server.output()[-5000:]
             assert not [a for a in live_serve_actors(address) if "REPLICA" in a]

@@ -45,16 +45,15 @@ def processor_span(
     *,
     context: Any = None,
     attributes: dict[str, Any] | None = None,
-    tracer: Any = None,
 ) -> Iterator[Span]:
     # The function type and the processor are in the span's name (and, under the runtime,
     # in the resource): every attribute costs on the hot path and again when exported.
-    # ``tracer``: the runtime passes its own, which makes a leaner span (runtime.tracing).
+    # (The runtime opens its own, leaner, with enter() and leave(): runtime.tracing.)
     attrs = dict(attributes) if attributes else {}
     if capture_enabled():
         attrs["agentic_rl.input"] = capture(input_data)
     parent = context if context is not None else otel_context.get_current()
-    span = (tracer or _tracer(provider)).start_span(
+    span = _tracer(provider).start_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
     entered = enter(span, parent)
