@@ -48,7 +48,8 @@ def _field(tag: int, payload: bytes) -> bytes:
 
 
 def _text(tag: int, text: str) -> bytes:
-    return _field(tag, text.encode("utf-8", "surrogatepass"))
+    # a lone surrogate becomes "?": invalid UTF-8 in a string field fails the whole batch
+    return _field(tag, text.encode("utf-8", "replace"))
 
 
 def _any_value(value: Any) -> bytes:
@@ -83,7 +84,7 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
             if len(_KEYS) < 4096:  # the same few names on every span
                 _KEYS[key] = encoded_key
         if type(value) is str:  # the common case: a short text, with one-byte lengths
-            text = value.encode("utf-8", "surrogatepass")
+            text = value.encode("utf-8", "replace")
             size = len(text)
             total = len(encoded_key) + size + 4
             if total < 0x80:

@@ -155,3 +155,22 @@ def test_an_attribute_otlp_cannot_carry_is_left_out_not_the_batch() -> None:
     spans = ExportTraceServiceRequest.FromString(encoded).resource_spans[0].scope_spans[0].spans
     assert len(spans) == 2
     assert [(a.key, a.value.string_value) for a in spans[0].attributes] == [("kept", "yes")]
+
+
+def test_a_lone_surrogate_cannot_spoil_the_batch() -> None:
+    # A string OTLP must carry as UTF-8: a lone surrogate (from bad input) is replaced, so
+    # that the receiver can parse the batch at all.
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.resources import Resource
+
+    from runtime.otlp_encoding import RecordEncoder
+
+    record = list(_records()[1])
+    record[0] = "reward \ud800"
+    record[10] = {"answer": "x\udfffy"}
+    encoded = RecordEncoder(Resource.create({})).encode([tuple(record)])
+    span = ExportTraceServiceRequest.FromString(encoded).resource_spans[0].scope_spans[0].spans[0]
+    assert span.name == "reward ?"
+    assert span.attributes[0].value.string_value == "x?y"
