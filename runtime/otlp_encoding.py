@@ -27,6 +27,7 @@ _FIXED32 = Struct("<I").pack
 # Span.flags as the SDK's encoder sets them: "whether the parent is remote" is known
 # (0x100) and, when it is, 0x200 (SpanFlags in trace.proto).
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _varint(value: int) -> bytes:
@@ -59,6 +60,8 @@ def _any_value(value: Any) -> bytes:
     if isinstance(value, bool):
         return b"\x10" + (b"\x01" if value else b"\x00")
     if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise TypeError(f"{value} is outside OTLP's int64")
         return b"\x18" + _varint(value)
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(value)
@@ -94,7 +97,7 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
                 continue
         try:
             encoded = _any_value(value)
-        except TypeError as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # a list that holds itself...
             log.warning("span attribute %r left out of the export: %s", key, exc)
             continue
         out.append(_field(tag, encoded_key + _field(0x12, encoded)))

@@ -96,8 +96,8 @@ def serve_on_ray(settings: Settings) -> int:
         try:
             serve.start(http_options={"host": settings.host, "port": settings.port})
             if not stop.is_set():
-                deployed = True
                 stop.interrupt()
+                deployed = True
                 serve.run(_application(settings, name), name=name, route_prefix="/")
                 stop.interrupts = False
                 log.info(

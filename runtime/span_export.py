@@ -156,7 +156,18 @@ class PipeSpanProcessor(SpanProcessor):
         queue = self._queue
         while queue:
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
-            if not self._send(("spans", batch)):
+            try:
+                sent = self._send(("spans", batch))
+            except Exception as exc:  # a value that cannot be pickled: this batch only
+                self.dropped += len(batch)
+                log.warning(
+                    "%d spans dropped: they cannot be sent to the exporter: %s: %s",
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
+            if not sent:
                 return False
         return True
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from time import time_ns
 from typing import Any
@@ -45,6 +45,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from processors_base.observability._core import BAGGAGE_KEYS, capture, capture_enabled
 from processors_base.observability._spans import record_error
 from processors_base.observability.processor import enter, leave
+from processors_base.redaction import redact
 from runtime.span_export import PipeSpanProcessor, record
 
 __all__ = ["Tracing"]
@@ -116,11 +117,12 @@ class Tracing:
             for key, name in _IDS:
                 value = getattr(metadata, name)
                 if value is not None:
+                    # the request's secrets (bound by the app) never leave in an id
+                    value = redact(str(value), credentials=False)
                     context = baggage.set_baggage(key, value, context)
-                    attributes[key] = str(value)
-        # the request's secrets, blanked in what spans record, were bound by the app
+                    attributes[key] = value
         if request_id:
-            attributes["agentic_rl.request_id"] = request_id
+            attributes["agentic_rl.request_id"] = redact(request_id, credentials=False)
         if capture_enabled():
             attributes["agentic_rl.input"] = capture(input_data)
         parent = context if context is not None else otel_context.get_current()
@@ -244,12 +246,17 @@ class _RequestSpan(Span):
         return not self._end
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        if not self._end:
-            self._attributes.update(attributes)
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if not self._end:
-            self._attributes[key] = value
+        if self._end:
+            return
+        if type(value) not in _SCALARS:
+            value = _attribute_value(key, value)
+            if value is None:
+                return
+        self._attributes[key] = value
 
     def add_event(
         self,
@@ -258,7 +265,13 @@ class _RequestSpan(Span):
         timestamp: int | None = None,
     ) -> None:
         if not self._end:
-            self._events.append((name, dict(attributes or {}), timestamp or time_ns()))
+            kept = {}
+            for key, value in (attributes or {}).items():
+                if type(value) not in _SCALARS:
+                    value = _attribute_value(key, value)
+                if value is not None:
+                    kept[key] = value
+            self._events.append((name, kept, timestamp or time_ns()))
 
     def update_name(self, name: str) -> None:
         if not self._end:
@@ -310,3 +323,26 @@ class _RequestSpan(Span):
                 _SCOPE,
             )
         )
+
+
+_SCALARS = frozenset((str, bool, int, float))
+_VALUE_TYPES = (str, bool, int, float, bytes)
+
+
+def _attribute_value(key: str, value: Any) -> Any:
+    """A value the SDK would keep, copied (a scalar, or a sequence of one scalar type,
+    None allowed); else None, with a warning: what user code sets must never stop the
+    export (an object that cannot be pickled) nor change after it was set (a list)."""
+    if isinstance(value, _VALUE_TYPES):
+        return value
+    if isinstance(value, Sequence):
+        kinds = {type(item) for item in value if item is not None}
+        if len(kinds) <= 1 and kinds <= set(_VALUE_TYPES):
+            return tuple(value)
+    log.warning(
+        "span attribute %r left out: a %s is no attribute value (a str, bool, int, float, "
+        "bytes, or a sequence of one of them)",
+        key,
+        type(value).__name__,
+    )
+    return None

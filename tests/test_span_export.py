@@ -174,3 +174,38 @@ def test_a_lone_surrogate_cannot_spoil_the_batch() -> None:
     span = ExportTraceServiceRequest.FromString(encoded).resource_spans[0].scope_spans[0].spans[0]
     assert span.name == "reward ?"
     assert span.attributes[0].value.string_value == "x?y"
+
+
+def test_values_otlp_cannot_carry_are_left_out_and_nothing_else_is_lost(start_server, receiver):
+    # An unpicklable object once stopped the export for good; an int outside int64, or a
+    # list that holds itself, lost the whole batch. Now only those attributes are left out.
+    server = start_server("workspace.fns:OddAttributesReward", "--tracing", env=_env(receiver))
+    for _ in range(3):
+        assert server.post(reward_body()).status_code == 200
+    spans = receiver.wait_for(6)
+    assert sorted(s["name"] for s in spans) == ["judge"] * 3 + ["reward OddAttributesReward"] * 3
+    for span in receiver.named("reward"):
+        assert span["attributes"] == {"ok": "yes", "shared": ["before"]}
+    for span in receiver.named("judge"):
+        assert span["attributes"] == {"ok": "yes"}
+    assert server.post(reward_body()).status_code == 200  # the export still runs
+    assert len(receiver.wait_for(8)) == 8
+    assert "left out" in server.output()
+    assert server.terminate() == 0
+
+
+def test_an_id_that_is_the_api_key_leaves_blanked(start_server, receiver):
+    key = "sk-test-1234567890abcdef"
+    server = start_server("workspace.fns:LeakyRollout", "--tracing", env=_env(receiver))
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "model_resource": {"model_name": "m", "base_url": "http://127.0.0.1:9", "api_key": key},
+        "request_metadata": {"job_id": key, "sample_id": "s", "rollout_id": "r", "attempt_id": "a"},
+    }
+    assert server.post(body, headers={"x-request-id": key}).status_code == 200
+    (span,) = receiver.wait_for(1)
+    assert span["attributes"]["agentic_rl.sample_id"] == "s"
+    assert key not in span["attributes"]["agentic_rl.job_id"]
+    assert key not in span["attributes"]["agentic_rl.request_id"]
+    assert key.encode() not in receiver.raw
+    assert server.terminate() == 0

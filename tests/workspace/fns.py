@@ -171,3 +171,27 @@ class LoopBlockingReward(AbstractRewardProcessor):
             (MARKERS / f"blocking-{os.getpid()}").write_text("blocking")
             time.sleep(delay)
         return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
+
+
+class OddAttributesReward(AbstractRewardProcessor):
+    """Sets values OTLP cannot carry on its request's span and on a span of its own."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        import threading
+
+        from opentelemetry import trace
+
+        span = trace.get_current_span()
+        itself: list[object] = []
+        itself.append(itself)
+        shared = ["before"]
+        span.set_attribute("ok", "yes")
+        span.set_attribute("lock", threading.Lock())  # cannot be pickled
+        span.set_attribute("huge", 2**70)  # outside int64
+        span.set_attribute("itself", itself)
+        span.set_attribute("shared", shared)
+        shared.append("after")  # set before: not what the span says
+        with trace.get_tracer("user code").start_as_current_span("judge") as judge:
+            judge.set_attribute("ok", "yes")
+            judge.set_attribute("huge", -(2**70))
+        return RewardOutput(reward=Reward(reward_score=1.0))
