@@ -91,11 +91,11 @@ def test_stuck_sync_call_is_answered_counted_and_logged(start_server):
     assert server.post(reward_body(sleep=2.5)).status_code == 504
     assert time.monotonic() - started < 2
     assert metric(server.client.get("/metrics").text, "rl_function_stuck_sync_calls") == 1
-    assert "stays stuck until it returns" in server.output()
+    server.wait_output("stays stuck until it returns")
     assert server.post(reward_body(sleep=0)).status_code == 200  # the slot came back
     time.sleep(2.5)
     assert metric(server.client.get("/metrics").text, "rl_function_stuck_sync_calls") == 0
-    assert "stuck sync process() returned after" in server.output()
+    server.wait_output("stuck sync process() returned after")
 
 
 def test_process_isolation_kills_a_hung_call_and_frees_its_slot(start_server, tmp_path):
@@ -124,7 +124,7 @@ def test_process_isolation_kills_a_hung_call_and_frees_its_slot(start_server, tm
     after = server.post(reward_body())
     assert after.status_code == 200, after.text
     assert after.json()["reward"]["reward_score"] != first_child
-    assert "isolation process was killed and replaced" in server.output()
+    server.wait_output("isolation process was killed and replaced")
     assert server.terminate() == 0
 
 

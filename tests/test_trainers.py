@@ -322,7 +322,7 @@ def test_prefix_and_process_isolation_kill_a_hung_sync_reward() -> None:
         payload = {"prompt": "q", "response": "HANG", "label": None}
         late = server.client.post("/trainers/slime/reward?reward_key=r", json=payload, timeout=60)
         assert late.json() == {"r": 0.0, "reward_failed": True}
-        assert "isolation process was killed and replaced" in server.output()
+        server.wait_output("isolation process was killed and replaced")
         payload["response"] = "fine"
         ok = server.client.post("/trainers/slime/reward", json=payload, timeout=60)
         assert ok.json() == 1.0
@@ -369,7 +369,7 @@ def test_a_reward_that_swallows_cancellation_is_answered_at_the_deadline() -> No
         assert elapsed < 5  # at the 2 s deadline, not when the task gives up at 8 s
         # it keeps being cancelled, is counted as stuck, and its place is given back
         wait_for(lambda s=server: metric(s, "rl_function_stuck_sync_calls") == 1.0)
-        assert "ignores its cancellation" in server.output()
+        server.wait_output("ignores its cancellation")
         fine = slime(server, "q", "42", "42")
         assert fine.json() == 1.0
         wait_for(lambda s=server: metric(s, "rl_function_stuck_sync_calls") == 0.0)
