@@ -78,14 +78,23 @@ class Heartbeat:
     def __init__(self, context: SpawnContext) -> None:
         self._stamp = context.RawValue(ctypes.c_double, 0.0)
         self._state = context.RawValue(ctypes.c_int, 0)
+        self._was_ready = context.RawValue(ctypes.c_bool, False)
 
     def beat(self, state: str) -> None:
         self._state.value = self.STATES.index(state) if state in self.STATES else 0
         self._stamp.value = time.monotonic()  # system-wide clock: comparable across processes
+        if state == "healthy":
+            self._was_ready.value = True
 
     @property
     def state(self) -> str:
         return self.STATES[self._state.value]
+
+    @property
+    def was_ready(self) -> bool:
+        """Whether it has reported "healthy" at least once: a worker may get ready, take a
+        request that blocks its loop and be told to stop, all between two looks."""
+        return self._was_ready.value
 
     def silence(self) -> float:
         """Seconds since the last beat (0 before the first)."""
@@ -103,7 +112,14 @@ class Heartbeat:
 class _Worker:
     process: BaseProcess
     heartbeat: Heartbeat
-    ready: bool = False  # has reported "healthy" at least once
+    ready: bool = False  # the supervisor has seen it report "healthy"
+
+    def note_ready(self) -> bool:
+        """True at the first look after it reported "healthy" (whatever it reports now)."""
+        if self.ready or not self.heartbeat.was_ready:
+            return False
+        self.ready = True
+        return True
 
 
 def _worker(
@@ -211,15 +227,13 @@ class _Supervisor:
             process = worker.process
             if not process.is_alive():
                 self.slots[index] = None
-                if worker.heartbeat.state != "starting":  # it got ready since the last look
-                    worker.ready = True
+                worker.note_ready()  # it may have got ready since the last look
                 self.on_death(index, worker, now)
                 if self.stop.is_set():
                     return
                 continue
             state = worker.heartbeat.state
-            if state == "healthy" and not worker.ready:
-                worker.ready = True
+            if worker.note_ready():
                 self.failures = 0
             if worker.ready and self.blocked(worker, self.settings.heartbeat_timeout):
                 self.slots[index] = self.start()
@@ -321,6 +335,8 @@ class _Supervisor:
             self.kill(process)
         # As a single worker does: exit 0 only if every worker that took requests stopped
         # cleanly (one that was killed, or exited 1 itself, may have left requests unanswered).
+        for worker in workers:
+            worker.note_ready()
         unclean = [w.process.pid for w in workers if w.ready and w.process.exitcode != 0]
         unclean += [p.pid for p, _ in self.retiring if p.exitcode == -signal.SIGKILL]
         if unclean and not self.exit_code:
