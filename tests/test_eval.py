@@ -442,6 +442,9 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
             env=_env(),
             stdout=subprocess.DEVNULL,
             stderr=err,
+            # as from a terminal: a suite started in the background (`pytest &` in a script)
+            # has SIGINT ignored, and that would be inherited
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
