@@ -81,10 +81,10 @@ class Heartbeat:
         self._was_ready = context.RawValue(ctypes.c_bool, False)
 
     def beat(self, state: str) -> None:
+        if state == "healthy":  # first: whoever reads "healthy" finds this set too
+            self._was_ready.value = True
         self._state.value = self.STATES.index(state) if state in self.STATES else 0
         self._stamp.value = time.monotonic()  # system-wide clock: comparable across processes
-        if state == "healthy":
-            self._was_ready.value = True
 
     @property
     def state(self) -> str:
@@ -225,16 +225,16 @@ class _Supervisor:
                     self.slots[index] = self.start()
                 continue
             process = worker.process
-            if not process.is_alive():
+            alive = process.is_alive()  # first: a dead worker's last beat is then in
+            if worker.note_ready():  # it may have got ready (and died) since the last look
+                self.failures = 0
+            if not alive:
                 self.slots[index] = None
-                worker.note_ready()  # it may have got ready since the last look
                 self.on_death(index, worker, now)
                 if self.stop.is_set():
                     return
                 continue
             state = worker.heartbeat.state
-            if worker.note_ready():
-                self.failures = 0
             if worker.ready and self.blocked(worker, self.settings.heartbeat_timeout):
                 self.slots[index] = self.start()
             elif worker.ready and state in ("draining", "unhealthy", STOPPED):
