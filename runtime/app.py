@@ -33,7 +33,7 @@ from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_secrets
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
-from runtime.protocol import REJECTED
+from runtime.protocol import REJECTED, WHOLE_RESPONSE, split_whole_responses
 from runtime.sdk_alias.parsers import parser_for
 from runtime.tracing import Tracing
 
@@ -46,6 +46,8 @@ UNHEALTHY = "unhealthy"
 SHUTDOWN_HOOK_LIMIT = 10.0  # seconds for the user's shutdown() at stop
 
 _JSON = (b"content-type", b"application/json")
+_JSON_ONLY = (_JSON,)
+_NONE: dict[str, Any] = {}
 _CLOSE = (b"connection", b"close")
 _RETRY_AFTER = (b"retry-after", b"1")
 _API_PATHS = ("/api/v1", "/api/v1/")
@@ -108,6 +110,8 @@ class FunctionApp:
         if scope["type"] == "http":
             path = scope["path"]
             if (path == "/api/v1" or path == "/api/v1/") and scope["method"] == "POST":
+                if WHOLE_RESPONSE not in scope.get("extensions", _NONE):  # not our protocol
+                    send = split_whole_responses(send)
                 await self._invoke(scope, receive, send)
             else:
                 await self._routes(scope, receive, send)
@@ -717,11 +721,8 @@ class _Interrupt:
 async def _send(
     send: Any, status: int, body: bytes, extra: tuple[bytes, bytes] | None = None
 ) -> None:
-    headers = [_JSON, (b"content-length", b"%d" % len(body))]
-    if extra is not None:
-        headers.append(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    headers = _JSON_ONLY if extra is None else (_JSON, extra)
+    await send({"type": WHOLE_RESPONSE, "status": status, "headers": headers, "body": body})
 
 
 def _trainer_routes(app: FunctionApp) -> list[Route]:

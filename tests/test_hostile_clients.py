@@ -16,6 +16,8 @@ import orjson
 import pytest
 from conftest import ROOT, TESTS, Server, free_port, reward_body
 
+from runtime.protocol import KEEP_ALIVE_SECONDS
+
 ERROR_FIELDS = {"status", "error", "error_code", "detail", "message"}
 
 
@@ -146,6 +148,58 @@ def test_a_pipelined_request_is_timed_out_only_after_the_one_before_it(start_ser
         status, headers, second = read_response(sock)
         assert status == 408
         assert_json_error(headers, second, "REQUEST_TIMEOUT")
+
+
+def test_answers_are_framed_for_keep_alive_pipelining_http10_and_100_continue(start_server):
+    """/api/v1 answers leave as one write each (runtime.protocol's whole-response
+    extension): whatever the client's framing, each is a complete HTTP/1.1 answer."""
+    server = start_server("workspace.fns:EchoReward")
+    body = orjson.dumps(reward_body())
+    request = (
+        b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+    def assert_echo(status: int, headers: dict[str, str], answer: bytes) -> None:
+        assert status == 200, answer
+        assert headers["content-type"] == "application/json" and "date" in headers
+        assert int(headers["content-length"]) == len(answer)
+        assert orjson.loads(answer)["reward"]["reward_score"] == 1.0
+
+    with connect(server) as sock:  # keep-alive: one after the other, then three at once
+        for _ in range(2):
+            sock.sendall(request)
+            status, headers, answer = read_response(sock)
+            assert_echo(status, headers, answer)
+            assert "connection" not in headers
+        sock.sendall(request * 3)
+        for _ in range(3):
+            assert_echo(*read_response(sock))
+    with connect(server) as sock:  # HTTP/1.0: told so, then closed
+        sock.sendall(request.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        status, headers, answer = read_response(sock)
+        assert_echo(status, headers, answer)
+        assert headers["connection"] == "close"
+        # closed with the answer, not by the idle keep-alive timeout
+        assert closed_by_server(sock, KEEP_ALIVE_SECONDS - 1)
+    with connect(server) as sock:  # Expect: 100-continue, the body sent only once asked
+        head, _, _ = request.partition(b"\r\n\r\n")
+        sock.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+        sock.settimeout(30)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1)
+            assert chunk, interim
+            interim += chunk
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert_echo(*read_response(sock))
+    with connect(server) as sock:  # an error answer that closes says so
+        sock.sendall(b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 20000000\r\n\r\n")
+        status, headers, answer = read_response(sock)
+        assert status == 413 and headers["connection"] == "close"
+        assert_json_error(headers, answer, "BODY_TOO_LARGE")
+        assert closed_by_server(sock, KEEP_ALIVE_SECONDS - 1)
 
 
 def test_connections_beyond_the_cap_are_answered_503_at_once(start_server):
