@@ -21,10 +21,16 @@ missing and answers every error as the runtime's JSON error body:
   so that liveness stays answerable under a connection flood;
 - a request that is not valid HTTP/1.1 (a bad Content-Length, a smuggling attempt): 400.
 
-It also offers the app an ASGI extension, ``WHOLE_RESPONSE``: a response whose status,
-headers and body are known at once is sent as one message and leaves in one write, without
-the two messages and generic checks of uvicorn's ``send`` (about 12% of the echo reward's
-throughput; runtime.app sends its answers so).
+Two things make answers cheaper to send:
+
+- an ASGI extension, ``WHOLE_RESPONSE``: a response whose status, headers and body are
+  known at once is one message, without the two messages and generic checks of uvicorn's
+  ``send`` (runtime.app sends its answers so);
+- writes are held until the end of the event loop's iteration (``_BatchedTransport``): the
+  answers of the requests that came in together leave together, one write per
+  connection. The client's side then wakes once for many answers, not once for each,
+  which on a busy machine costs more than the rest of the request (the echo reward:
+  16,700 -> 23,900 req/s with wrk on 2 cores).
 
 Every rejection is counted (``on_reject``: /metrics by status and code) and logged, at most
 one WARNING line per ``LOG_EVERY`` seconds; a request the app was serving when its
@@ -176,6 +182,84 @@ class _Cycle(RequestResponseCycle):
         self.on_response()
 
 
+class _WriteBatch:
+    """The connections with writes held in this iteration of one event loop: all sent by
+    one callback at its end (a request's task answers in the iteration after the one that
+    read it, so the answers of requests read together are held together)."""
+
+    __slots__ = ("_held", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._held: list[_BatchedTransport] = []
+
+    def hold(self, transport: _BatchedTransport) -> None:
+        if not self._held:
+            self.loop.call_soon(self.send)
+        self._held.append(transport)
+
+    def send(self) -> None:
+        held, self._held = self._held, []
+        for transport in held:
+            transport.send_held()
+
+
+class _BatchedTransport:
+    """A connection's transport whose writes leave with the loop's batch, in order (and
+    ``close`` after them); everything else goes straight to the transport."""
+
+    __slots__ = ("_batch", "_closing", "_held", "transport")
+
+    def __init__(self, transport: asyncio.Transport, batch: _WriteBatch) -> None:
+        self.transport = transport
+        self._batch = batch
+        self._held: list[bytes] = []
+        self._closing = False
+
+    def write(self, data: bytes) -> None:
+        if self._closing:
+            return  # as a closing transport does
+        if not self._held:
+            self._batch.hold(self)
+        self._held.append(data)
+
+    def send_held(self) -> None:
+        held, self._held = self._held, []
+        transport = self.transport
+        if held and not transport.is_closing():
+            transport.write(held[0] if len(held) == 1 else b"".join(held))
+        if self._closing:
+            transport.close()
+
+    def close(self) -> None:
+        self._closing = True
+        if not self._held:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self._held.clear()
+        self._closing = True
+        self.transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._closing or self.transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(map(len, self._held))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
+
+    def __getattr__(self, name: str) -> Any:  # what uvicorn's HTTP protocol does not use
+        return getattr(self.transport, name)
+
+
 async def _send_split(send: Callable[[Any], Any], message: Any) -> None:
     """A ``WHOLE_RESPONSE`` message as the two standard ones, through ``send``."""
     body = message["body"]
@@ -207,6 +291,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_headers = 100
     max_header_bytes = 64 * 1024
     on_reject: Callable[[int, str], None] | None = None  # counts a rejection (/metrics)
+    write_batch: _WriteBatch | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -230,7 +315,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._count(503, errors.OVERLOADED)
                 return
             self._health_only = True  # answered only for GET /health (liveness)
-        super().connection_made(transport)
+        batch = type(self).write_batch
+        if batch is None or batch.loop is not self.loop:  # one per server (and loop)
+            batch = type(self).write_batch = _WriteBatch(self.loop)
+        super().connection_made(_BatchedTransport(transport, batch))  # type: ignore[arg-type]
         self._arm_read_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -44,6 +44,7 @@ from processors_base.rewards import registry_of
 from runtime import errors
 from runtime.app import _ClientGone, _Interrupt
 from runtime.function import ProcessorFailure, RequestError
+from runtime.protocol import WHOLE_RESPONSE
 
 if TYPE_CHECKING:
     from runtime.app import FunctionApp
@@ -391,7 +392,7 @@ class TrainerRoutes:
 
         async def late_answer(message: dict[str, Any]) -> None:
             # _Interrupt's responder answers here at the deadline (or at a stop past --grace)
-            if message["type"] == "http.response.start" and not answered.done():
+            if message["type"] == WHOLE_RESPONSE and not answered.done():
                 late = interrupt.late
                 answered.set_result(self._late("deadline" if late and late[0] == 504 else ""))
 
