@@ -44,6 +44,7 @@ why ``pyproject.toml`` bounds uvicorn to the versions tested.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
 import resource
@@ -201,7 +202,12 @@ class _WriteBatch:
     def send(self) -> None:
         held, self._held = self._held, []
         for transport in held:
-            transport.send_held()
+            try:
+                transport.send_held()
+            except Exception:  # one broken connection must not hold up the others' answers
+                log.exception("could not send an answer; closing its connection")
+                with contextlib.suppress(Exception):
+                    transport.abort()
 
 
 class _BatchedTransport:
