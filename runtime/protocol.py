@@ -302,6 +302,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_timer: asyncio.TimerHandle | None = None
+        self._keep_alive_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # loop time of the last answer, if idle since
         self._in_headers = False  # between a request's first byte and its end of headers
         self._header_count = 0
         self._header_bytes = 0  # request line and headers, as the parser reports them
@@ -329,9 +331,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_timer()
+        if self._keep_alive_timer is not None:
+            self._keep_alive_timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._idle_since = None
         whole_read_in_headers = self._in_headers
         super().data_received(data)
         if self._rejection is not None or self.transport.is_closing():
@@ -344,12 +349,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._raw_bytes += len(data)
                 if self._raw_bytes > self.max_header_bytes:
                     self._reject_headers()
-        elif (
-            self._read_timer is None
-            and self.timeout_keep_alive_task is None
-            and (self.cycle is None or self.cycle.response_complete)
-        ):
+        elif self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._arm_read_timer()  # bytes between requests: bounded like a request's headers
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, but for the idle keep-alive timeout: one timer a connection, looked at
+        # when due and re-armed if the connection was busy meanwhile, not a timer an answer
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = now = self.loop.time()
+        if self._keep_alive_timer is None:
+            self._keep_alive_timer = self.loop.call_at(
+                now + self.timeout_keep_alive, self._keep_alive_due
+            )
+
+    def _keep_alive_due(self) -> None:
+        self._keep_alive_timer = None
+        idle_since = self._idle_since
+        if idle_since is None or self.transport.is_closing():
+            return  # busy: its next answer arms the timer again
+        due = idle_since + self.timeout_keep_alive
+        if self.loop.time() >= due:
+            self.transport.close()
+        else:
+            self._keep_alive_timer = self.loop.call_at(due, self._keep_alive_due)
 
     def send_400_response(self, msg: str) -> None:
         if self._rejection is not None:

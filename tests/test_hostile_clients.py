@@ -202,6 +202,29 @@ def test_answers_are_framed_for_keep_alive_pipelining_http10_and_100_continue(st
         assert closed_by_server(sock, KEEP_ALIVE_SECONDS - 1)
 
 
+def test_an_idle_connection_is_closed_after_the_keep_alive_not_a_busy_one(start_server, tmp_path):
+    server = start_server("workspace.fns:SleepyReward", env={"TEST_MARKER_DIR": str(tmp_path)})
+
+    def ask(sock: socket.socket, sleep: float) -> None:
+        body = orjson.dumps(reward_body(sleep=sleep))
+        sock.sendall(
+            b"POST /api/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        status, _, answer = read_response(sock)
+        assert status == 200, answer
+
+    with connect(server) as sock:
+        ask(sock, 0)
+        # a request that runs past the keep-alive timeout armed at the first answer
+        ask(sock, KEEP_ALIVE_SECONDS + 0.5)
+        # idle again: counted from its last answer, so still open a while after it ...
+        assert not closed_by_server(sock, KEEP_ALIVE_SECONDS / 2)
+        ask(sock, 0)
+        # ... and closed once idle for the timeout
+        assert closed_by_server(sock, 30)
+
+
 def test_connections_beyond_the_cap_are_answered_503_at_once(start_server):
     server = start_server("workspace.fns:EchoReward", "--max-connections", "8")
     held = [connect(server) for _ in range(8)]
