@@ -241,6 +241,9 @@ class _BatchedTransport:
         self._closing = True
         if not self._held:
             self.transport.close()
+        else:  # nothing more is read: a request read now could not be answered
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
 
     def abort(self) -> None:
         self._held.clear()
@@ -334,6 +337,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._keep_alive_timer is not None:
             self._keep_alive_timer.cancel()
         super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        # The client sends no more (it may still read, as after `shutdown(SHUT_WR)`) and the
+        # transport closes itself on return: what is held for it leaves first.
+        if isinstance(self.transport, _BatchedTransport):
+            self.transport.send_held()
 
     def data_received(self, data: bytes) -> None:
         self._idle_since = None

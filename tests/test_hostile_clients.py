@@ -202,6 +202,22 @@ def test_answers_are_framed_for_keep_alive_pipelining_http10_and_100_continue(st
         assert closed_by_server(sock, KEEP_ALIVE_SECONDS - 1)
 
 
+def test_a_client_that_half_closes_after_its_request_gets_the_answer(start_server):
+    # `nc -N`, or a client that calls shutdown(SHUT_WR) once it has sent: the server reads
+    # its end of file while the answer is held for the end of the loop's iteration
+    server = start_server("workspace.fns:EchoReward")
+    body = orjson.dumps(reward_body())
+    for version in (b"HTTP/1.1", b"HTTP/1.0") * 10:
+        with connect(server) as sock:
+            sock.sendall(
+                b"POST /api/v1 %s\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (version, len(body), body)
+            )
+            sock.shutdown(socket.SHUT_WR)
+            status, _, answer = read_response(sock)
+            assert status == 200 and orjson.loads(answer)["reward"]["reward_score"] == 1.0
+
+
 def test_an_idle_connection_is_closed_after_the_keep_alive_not_a_busy_one(start_server, tmp_path):
     server = start_server("workspace.fns:SleepyReward", env={"TEST_MARKER_DIR": str(tmp_path)})
 
