@@ -33,8 +33,9 @@ from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_secrets
 from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
-from runtime.protocol import REJECTED, WHOLE_RESPONSE, split_whole_responses
+from runtime.protocol import REJECTED
 from runtime.sdk_alias.parsers import parser_for
+from runtime.sending import WHOLE_RESPONSE, split_whole_responses
 from runtime.tracing import Tracing
 
 __all__ = ["FunctionApp"]

@@ -21,16 +21,10 @@ missing and answers every error as the runtime's JSON error body:
   so that liveness stays answerable under a connection flood;
 - a request that is not valid HTTP/1.1 (a bad Content-Length, a smuggling attempt): 400.
 
-Two things make answers cheaper to send:
-
-- an ASGI extension, ``WHOLE_RESPONSE``: a response whose status, headers and body are
-  known at once is one message, without the two messages and generic checks of uvicorn's
-  ``send`` (runtime.app sends its answers so);
-- writes are held until the end of the event loop's iteration (``_BatchedTransport``): the
-  answers of the requests that came in together leave together, one write per
-  connection. The client's side then wakes once for many answers, not once for each,
-  which on a busy machine costs more than the rest of the request (the echo reward:
-  16,700 -> 23,900 req/s with wrk on 2 cores).
+An idle keep-alive connection is closed after ``timeout_keep_alive`` seconds, as uvicorn
+does, but with one lazy timer a connection instead of a timer an answer. Answers leave
+through ``runtime.sending``: each connection's transport is wrapped so that its writes go
+out with the event loop's batch, and /api/v1 answers are one message.
 
 Every rejection is counted (``on_reject``: /metrics by status and code) and logged, at most
 one WARNING line per ``LOG_EVERY`` seconds; a request the app was serving when its
@@ -44,7 +38,6 @@ why ``pyproject.toml`` bounds uvicorn to the versions tested.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http
 import logging
 import resource
@@ -53,30 +46,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from runtime import errors
+from runtime.sending import WHOLE_RESPONSE, BatchedTransport, WholeResponseCycle, WriteBatch
 
-__all__ = [
-    "REJECTED",
-    "WHOLE_RESPONSE",
-    "GuardedHttpToolsProtocol",
-    "protocol_class",
-    "raw_error",
-    "split_whole_responses",
-]
+__all__ = ["REJECTED", "GuardedHttpToolsProtocol", "protocol_class", "raw_error"]
 
 log = logging.getLogger("runtime")
 
 REJECTED = "runtime.rejected"  # scope key: (status, code) the protocol answered instead
-# ASGI extension (advertised in scope["extensions"]): send {"type": WHOLE_RESPONSE,
-# "status": int, "headers": [(name, value), ...], "body": bytes} instead of the start and
-# body messages; the server adds content-length. Headers are the app's own constants.
-WHOLE_RESPONSE = "runtime.response.whole"
 _EXTENSIONS = {WHOLE_RESPONSE: {}}
 HEALTH_RESERVE = 8  # connections past the cap that may still ask GET /health
 LOG_EVERY = 10.0  # seconds between two WARNING lines about rejections
@@ -136,160 +115,6 @@ def raw_error(status: int, code: str, message: str, retry_after: bool = False) -
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-class _Cycle(RequestResponseCycle):
-    """uvicorn's request-response cycle, which also takes a ``WHOLE_RESPONSE`` message."""
-
-    # uvicorn's default headers (the date) as bytes, for the list they were made from: the
-    # server replaces that list once a second
-    _defaults: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
-
-    async def send(self, message: Any) -> None:
-        if message["type"] != WHOLE_RESPONSE:
-            await super().send(message)
-            return
-        if self.access_log:  # uvicorn logs the request in its own send
-            await _send_split(super().send, message)
-            return
-        if self.flow.write_paused and not self.disconnected:
-            await self.flow.drain()
-        if self.disconnected:
-            return
-        if self.response_started:
-            raise RuntimeError("a whole response sent after the response had started")
-        self.response_started = True
-        self.waiting_for_100_continue = False
-        defaults, default_head = _Cycle._defaults
-        if defaults is not self.default_headers:
-            defaults = self.default_headers
-            default_head = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
-            _Cycle._defaults = (defaults, default_head)
-        headers = message["headers"]
-        body = message["body"]
-        head = [STATUS_LINE[message["status"]], default_head]
-        for name, value in headers:
-            head += (name, b": ", value, b"\r\n")
-        if (b"connection", b"close") in headers:
-            self.keep_alive = False
-        elif not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"content-length: %d\r\n\r\n" % len(body))
-        if self.scope["method"] != "HEAD":
-            head.append(body)
-        self.transport.write(b"".join(head))
-        self.response_complete = True
-        self.message_event.set()
-        if not self.keep_alive:
-            self.transport.close()
-        self.on_response()
-
-
-class _WriteBatch:
-    """The connections with writes held in this iteration of one event loop: all sent by
-    one callback at its end (a request's task answers in the iteration after the one that
-    read it, so the answers of requests read together are held together)."""
-
-    __slots__ = ("_held", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._held: list[_BatchedTransport] = []
-
-    def hold(self, transport: _BatchedTransport) -> None:
-        if not self._held:
-            self.loop.call_soon(self.send)
-        self._held.append(transport)
-
-    def send(self) -> None:
-        held, self._held = self._held, []
-        for transport in held:
-            try:
-                transport.send_held()
-            except Exception:  # one broken connection must not hold up the others' answers
-                log.exception("could not send an answer; closing its connection")
-                with contextlib.suppress(Exception):
-                    transport.abort()
-
-
-class _BatchedTransport:
-    """A connection's transport whose writes leave with the loop's batch, in order (and
-    ``close`` after them); everything else goes straight to the transport."""
-
-    __slots__ = ("_batch", "_closing", "_held", "transport")
-
-    def __init__(self, transport: asyncio.Transport, batch: _WriteBatch) -> None:
-        self.transport = transport
-        self._batch = batch
-        self._held: list[bytes] = []
-        self._closing = False
-
-    def write(self, data: bytes) -> None:
-        if self._closing:
-            return  # as a closing transport does
-        if not self._held:
-            self._batch.hold(self)
-        self._held.append(data)
-
-    def send_held(self) -> None:
-        held, self._held = self._held, []
-        transport = self.transport
-        if held and not transport.is_closing():
-            transport.write(held[0] if len(held) == 1 else b"".join(held))
-        if self._closing:
-            transport.close()
-
-    def close(self) -> None:
-        self._closing = True
-        if not self._held:
-            self.transport.close()
-        else:  # nothing more is read: a request read now could not be answered
-            with contextlib.suppress(Exception):
-                self.transport.pause_reading()
-
-    def abort(self) -> None:
-        self._held.clear()
-        self._closing = True
-        self.transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self.transport.is_closing()
-
-    def get_write_buffer_size(self) -> int:
-        return self.transport.get_write_buffer_size() + sum(map(len, self._held))
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.transport.resume_reading()
-
-    def __getattr__(self, name: str) -> Any:  # what uvicorn's HTTP protocol does not use
-        return getattr(self.transport, name)
-
-
-async def _send_split(send: Callable[[Any], Any], message: Any) -> None:
-    """A ``WHOLE_RESPONSE`` message as the two standard ones, through ``send``."""
-    body = message["body"]
-    headers = [*message["headers"], (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": message["status"], "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def split_whole_responses(send: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``send`` for a server without the ``WHOLE_RESPONSE`` extension (Ray Serve's, another
-    ASGI server's): such a message goes as the two standard ones."""
-
-    async def split(message: Any) -> None:
-        if message["type"] == WHOLE_RESPONSE:
-            await _send_split(send, message)
-        else:
-            await send(message)
-
-    return split
-
-
 class _Rejected(Exception):
     """Raised in a parser callback to stop parsing a request we will not take."""
 
@@ -300,7 +125,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_headers = 100
     max_header_bytes = 64 * 1024
     on_reject: Callable[[int, str], None] | None = None  # counts a rejection (/metrics)
-    write_batch: _WriteBatch | None = None
+    write_batch: WriteBatch | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -328,8 +153,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._health_only = True  # answered only for GET /health (liveness)
         batch = type(self).write_batch
         if batch is None or batch.loop is not self.loop:  # one per server (and loop)
-            batch = type(self).write_batch = _WriteBatch(self.loop)
-        super().connection_made(_BatchedTransport(transport, batch))  # type: ignore[arg-type]
+            batch = type(self).write_batch = WriteBatch(self.loop)
+        super().connection_made(BatchedTransport(transport, batch))  # type: ignore[arg-type]
         self._arm_read_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -341,7 +166,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def eof_received(self) -> None:
         # The client sends no more (it may still read, as after `shutdown(SHUT_WR)`) and the
         # transport closes itself on return: what is held for it leaves first.
-        if isinstance(self.transport, _BatchedTransport):
+        if isinstance(self.transport, BatchedTransport):
             self.transport.send_held()
 
     def data_received(self, data: bytes) -> None:
@@ -420,7 +245,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = _EXTENSIONS
+        self.scope["extensions"] = _EXTENSIONS  # what runtime.sending adds to uvicorn's
         self._in_headers = True
         self._header_count = 0
         self._header_bytes = 0
@@ -450,7 +275,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _Rejected
         super().on_headers_complete()
         if self.cycle is not None:  # uvicorn makes its own class: ours only adds a message
-            self.cycle.__class__ = _Cycle
+            self.cycle.__class__ = WholeResponseCycle
 
     # --- limits ----------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from processors_base.rewards import registry_of
 from runtime import errors
 from runtime.app import _ClientGone, _Interrupt
 from runtime.function import ProcessorFailure, RequestError
-from runtime.protocol import WHOLE_RESPONSE
+from runtime.sending import WHOLE_RESPONSE
 
 if TYPE_CHECKING:
     from runtime.app import FunctionApp

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -35,24 +36,42 @@ def connect(server: Server) -> socket.socket:
 
 def read_response(sock: socket.socket, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     """One whole HTTP response (status, headers, body) from a raw socket."""
+    (response,) = read_responses(sock, 1, timeout)
+    return response
+
+
+def read_responses(
+    sock: socket.socket, count: int, timeout: float = 30
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """``count`` whole HTTP responses in a row. Answers to pipelined requests may arrive in
+    one read: what follows them is kept for the next call on the same socket."""
     sock.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed without a response: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside the body"
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
+    data = _unread.pop(sock, b"")
+    responses = []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed without a response: {data!r}"
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        while len(data) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed inside the body"
+            data += chunk
+        responses.append((int(lines[0].split()[1]), headers, data[:length]))
+        data = data[length:]
+    if data:
+        _unread[sock] = data
+    return responses
+
+
+_unread: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
 
 
 def assert_json_error(headers: dict[str, str], body: bytes, code: str) -> dict:
@@ -173,8 +192,8 @@ def test_answers_are_framed_for_keep_alive_pipelining_http10_and_100_continue(st
             assert_echo(status, headers, answer)
             assert "connection" not in headers
         sock.sendall(request * 3)
-        for _ in range(3):
-            assert_echo(*read_response(sock))
+        for response in read_responses(sock, 3):
+            assert_echo(*response)
     with connect(server) as sock:  # HTTP/1.0: told so, then closed
         sock.sendall(request.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
         status, headers, answer = read_response(sock)
