@@ -246,8 +246,8 @@ class _RequestSpan(Span):
         return not self._end
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
+        if not self._end:
+            self._attributes.update(_kept(attributes))
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self._end:
@@ -265,13 +265,7 @@ class _RequestSpan(Span):
         timestamp: int | None = None,
     ) -> None:
         if not self._end:
-            kept = {}
-            for key, value in (attributes or {}).items():
-                if type(value) not in _SCALARS:
-                    value = _attribute_value(key, value)
-                if value is not None:
-                    kept[key] = value
-            self._events.append((name, kept, timestamp or time_ns()))
+            self._events.append((name, _kept(attributes or {}), timestamp or time_ns()))
 
     def update_name(self, name: str) -> None:
         if not self._end:
@@ -327,6 +321,17 @@ class _RequestSpan(Span):
 
 _SCALARS = frozenset((str, bool, int, float))
 _VALUE_TYPES = (str, bool, int, float, bytes)
+
+
+def _kept(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """``attributes`` with each value as ``_attribute_value`` keeps it."""
+    kept = {}
+    for key, value in attributes.items():
+        if type(value) not in _SCALARS:
+            value = _attribute_value(key, value)
+        if value is not None:
+            kept[key] = value
+    return kept
 
 
 def _attribute_value(key: str, value: Any) -> Any:
