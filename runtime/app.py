@@ -253,9 +253,17 @@ class FunctionApp:
         # a client slow to send never holds the place of one that is ready.
         body = None
         if not admission.full:
-            body = await self._receive_body(scope, receive, send, started)
-            if body is None:
-                return  # answered by _receive_body (408, 413, 503), or the client left
+            try:
+                body = await self.read_body(scope, receive)
+            except RequestError as exc:
+                extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: body unread
+                await _send(send, exc.status, exc.body, extra)
+                self._finish(scope, started, exc.status, exc.code, str(exc), None)
+                return
+            except _ClientGone:
+                message = "client disconnected while sending"
+                self._finish(scope, started, 499, errors.CLIENT_DISCONNECTED, message, None)
+                return
             if not admission.try_admit():
                 admission.release_body(len(body))
                 body = None
@@ -288,7 +296,7 @@ class FunctionApp:
                 interrupt.in_slot = True
                 try:
                     if self.tracing is None:
-                        output = await function.process(input_data)
+                        output = function.serialise(await function.call(input_data))
                     else:
                         output = await self._traced_process(scope, input_data)
                 finally:
@@ -301,7 +309,9 @@ class FunctionApp:
                     interrupt.reason = "shutdown"  # uvicorn cancels what runs past --grace
                 interrupt.absorb()
             if not interrupt.reason:
-                await _send(asgi_send, 200, output)
+                await asgi_send(
+                    {"type": WHOLE_RESPONSE, "status": 200, "headers": _JSON_ONLY, "body": output}
+                )
             elif interrupt.reason == "disconnect":
                 status, code = 499, errors.CLIENT_DISCONNECTED
                 message = "client disconnected; processing was cancelled"
@@ -447,22 +457,6 @@ class FunctionApp:
             self._request_log.failure(scope, status, elapsed, code, message, input_data, error)
         elif self._request_log.wants(elapsed):
             self._request_log.success(scope, elapsed, input_data)
-
-    async def _receive_body(
-        self, scope: dict[str, Any], receive: Any, send: Any, started: float
-    ) -> bytes | None:
-        """The request's whole body, held within the worker's body budget (released by the
-        caller); None when it was answered instead (408, 413, 503) or the client left."""
-        try:
-            return await self.read_body(scope, receive)
-        except RequestError as exc:
-            extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: body left unread
-            await _send(send, exc.status, exc.body, extra)
-            self._finish(scope, started, exc.status, exc.code, str(exc), None)
-        except _ClientGone:
-            message = "client disconnected while sending"
-            self._finish(scope, started, 499, errors.CLIENT_DISCONNECTED, message, None)
-        return None
 
     async def read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         """Read within --body-timeout, holding (in the admission's body budget) the bytes

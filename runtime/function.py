@@ -79,7 +79,13 @@ class Function:
             ) from exc
         # Only decides where setup() runs with process isolation; each call decides anew.
         self._process_is_async = inspect.iscoroutinefunction(self.processor.process)
-        self._validate = self.input_model.model_validate
+        # the model's validator itself, unless the model overrides model_validate
+        self._validate = (
+            self.input_model.__pydantic_validator__.validate_python
+            if getattr(self.input_model.model_validate, "__func__", None)
+            is BaseModel.model_validate.__func__  # type: ignore[attr-defined]
+            else self.input_model.model_validate
+        )
         self._func_type_value = self.func_type.value
         self.failure_template = _failure_template(self.output_model)
         self._non_finite = finder_for(self.output_model)

@@ -253,18 +253,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The headers' deadline is armed at the end of this read if they are not complete
         # by then (data_received): most requests arrive whole in one read, and need none.
 
+    # on_url and on_header do what uvicorn's do (the URL gathered; names lowered, headers
+    # listed, 100-continue noted) in the same call as the limits: they run per header.
+
     def on_url(self, url: bytes) -> None:
         self._header_bytes += len(url)
         if self._header_bytes > self.max_header_bytes:
             self._reject_headers(raise_=True)
-        super().on_url(url)
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         self._header_bytes += len(name) + len(value) + 4
         if self._header_count > self.max_headers or self._header_bytes > self.max_header_bytes:
             self._reject_headers(raise_=True)
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
