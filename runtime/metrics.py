@@ -78,7 +78,7 @@ class _ApiCounts:
         yield requests
         latency = HistogramMetricFamily(*_LATENCY, labels=["func_type"])
         cumulative, total = [], 0
-        for bound, count in zip((*_BUCKETS, float("inf")), self.buckets):
+        for bound, count in zip((*_BUCKETS, float("inf")), self.buckets, strict=True):
             total += count
             cumulative.append((floatToGoString(bound), total))
         latency.add_metric([self.func_type], cumulative, self.sum)

@@ -83,7 +83,6 @@ class WholeResponseCycle(RequestResponseCycle):
             self.transport.close()
         self.on_response()
 
-
     async def receive(self) -> Any:
         # uvicorn's, without awaiting the request's event when it is set already (a body
         # that came with its headers: most requests)
