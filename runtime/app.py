@@ -79,6 +79,7 @@ class FunctionApp:
         self._max_body = settings.max_body
         self._body_timeout = settings.body_timeout
         self._body_deadlines = _BodyDeadlines(settings.body_timeout)
+        self._first_looks = _FirstLooks()
         # The serving loop, known from the lifespan on: on Python 3.11 each argument-less
         # get_running_loop() or current_task() is a getpid() system call, several a request.
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -593,9 +594,11 @@ class _Interrupt:
         "_asgi_send",
         "_deadline",
         "_deadline_at",
+        "_first_look",
         "_loop",
         "_recancel",
         "_receive",
+        "_stopped",
         "_watcher",
         "abandoned",
         "answered_at",
@@ -633,10 +636,14 @@ class _Interrupt:
         self.answered_at: float | None = None  # perf_counter() when that answer was sent
         app._live.add(self)
         self.responded = self.in_slot = self.abandoned = False
-        self._deadline_at = loop.time() + (app._timeout if timeout is None else timeout)
-        # one timer: at WATCH_AFTER (to start watching for a disconnect), then the deadline
-        self._deadline = loop.call_at(
-            min(self._deadline_at, loop.time() + self.WATCH_AFTER), self._tick
+        now = loop.time()
+        self._deadline_at = now + (app._timeout if timeout is None else timeout)
+        # first looked at WATCH_AFTER from now (to start watching for a disconnect), or at
+        # the deadline if sooner, by the app's shared schedule; a timer of its own after that
+        self._deadline: asyncio.TimerHandle | None = None
+        self._stopped = False
+        self._first_look = app._first_looks.add(
+            min(self._deadline_at, now + self.WATCH_AFTER), self
         )
         self._recancel: asyncio.TimerHandle | None = None
         self._receive: Any = None
@@ -653,6 +660,8 @@ class _Interrupt:
         self._receive = receive
 
     def _tick(self) -> None:
+        if self._stopped:
+            return
         loop = self._loop
         if self._watcher is None and self._receive is not None:
             self._watcher = loop.create_task(self._watch(self._receive))
@@ -684,7 +693,10 @@ class _Interrupt:
 
     def stop(self) -> None:
         """User code has ended: no deadline and no cancelling any more."""
-        self._deadline.cancel()
+        self._stopped = True
+        self._first_look.discard(self)
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self._recancel is not None:
             self._recancel.cancel()
 
@@ -724,6 +736,33 @@ def _trainer_routes(app: FunctionApp) -> list[Route]:
     from runtime.trainers import TrainerRoutes  # imports this module
 
     return TrainerRoutes(app).routes
+
+
+class _FirstLooks:
+    """Looks at each request once, when it has run for ``_Interrupt.WATCH_AFTER`` (or at
+    its deadline, if sooner), with one timer for all requests due in the same ``GRAIN``
+    of time rather than a timer per request (created and cancelled: about a microsecond,
+    and most requests end long before their first look). A request that has ended is
+    skipped; one still running gets its own timer from then on."""
+
+    GRAIN = 0.01  # seconds: a first look is late by up to this much
+
+    def __init__(self) -> None:
+        self._due: dict[int, set[_Interrupt]] = {}
+
+    def add(self, when: float, interrupt: _Interrupt) -> set[_Interrupt]:
+        """Look at ``interrupt`` at ``when``; the set to discard it from once it has ended."""
+        slot = int(when / self.GRAIN) + 1
+        due = self._due.get(slot)
+        if due is None:
+            due = self._due[slot] = set()
+            interrupt._loop.call_at(slot * self.GRAIN, self._look, slot)
+        due.add(interrupt)
+        return due
+
+    def _look(self, slot: int) -> None:
+        for interrupt in tuple(self._due.pop(slot)):  # one may end while others are looked at
+            interrupt._tick()
 
 
 class _BodyDeadlines:
