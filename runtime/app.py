@@ -425,16 +425,15 @@ class FunctionApp:
         tracing = self.tracing
         assert tracing is not None
         span, entered = tracing.begin(scope, input_data)
-        error: BaseException | None = None
         try:
             result = await self.function.call(input_data)
             record_output(span, result)
-            return self.function.serialise(result)
+            output = self.function.serialise(result)
         except BaseException as exc:
-            error = exc
+            tracing.end(span, entered, exc)
             raise
-        finally:
-            tracing.end(span, entered, error)
+        tracing.end(span, entered)
+        return output
 
     def _finish(
         self,

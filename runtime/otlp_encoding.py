@@ -135,8 +135,13 @@ def _span(record: tuple[Any, ...]) -> bytes:
     if parent_id:
         parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
     if name:
-        parts.append(_text(0x2A, name))
-    parts.append(b"\x30" + _varint(kind + 1))  # SpanKind INTERNAL (0) is SPAN_KIND_INTERNAL (1)
+        encoded_name = _NAMES.get(name)
+        if encoded_name is None:
+            encoded_name = _text(0x2A, name)
+            if len(_NAMES) < 4096:  # the same few names on most spans
+                _NAMES[name] = encoded_name
+        parts.append(encoded_name)
+    parts.append(_KINDS[kind] if kind < 5 else b"\x30" + _varint(kind + 1))
     if start:
         parts.append(b"\x39" + _FIXED64(start))
     if end:
@@ -157,15 +162,24 @@ def _span(record: tuple[Any, ...]) -> bytes:
             link += _key_values(0x22, link_attributes)
         link += b"\x35" + _FIXED32(_HAS_IS_REMOTE)
         parts.append(_field(0x6A, link))
-    status = b""
-    if status_description:
-        status += _text(0x12, status_description)
-    if status_code:
-        status += b"\x18" + _varint(status_code)
-    parts.append(_field(0x7A, status))
-    span_flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent_id and parent_remote else 0)
-    parts.append(b"\x85\x01" + _FIXED32(span_flags))  # field 16, fixed32
+    if status_code or status_description:
+        status = _text(0x12, status_description) if status_description else b""
+        if status_code:
+            status += b"\x18" + _varint(status_code)
+        parts.append(_field(0x7A, status))
+    else:
+        parts.append(_UNSET_STATUS)
+    parts.append(_REMOTE_PARENT if parent_id and parent_remote else _LOCAL_PARENT)
     return b"".join(parts)
+
+
+_NAMES: dict[str, bytes] = {}
+# Span.kind: SpanKind INTERNAL (0) is SPAN_KIND_INTERNAL (1), and so on
+_KINDS = [b"\x30" + _varint(kind + 1) for kind in range(5)]
+_UNSET_STATUS = _field(0x7A, b"")
+# Span.flags, field 16 (fixed32)
+_LOCAL_PARENT = b"\x85\x01" + _FIXED32(_HAS_IS_REMOTE)
+_REMOTE_PARENT = b"\x85\x01" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE)
 
 
 class RecordEncoder:

@@ -38,6 +38,7 @@ from opentelemetry.trace import (
     SpanContext,
     SpanKind,
     TraceFlags,
+    TraceState,
     get_current_span,
 )
 from opentelemetry.trace.status import Status, StatusCode
@@ -55,6 +56,8 @@ log = logging.getLogger("runtime")
 _HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate", b"baggage": "baggage"}
 _SCOPE = ("agentic-rl-runtime", None)
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+_UNSET: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
+_KINDS = {kind: kind.value for kind in SpanKind}  # (an enum's .value is slow to read)
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
 
 
@@ -179,32 +182,47 @@ class _RequestTracer:
         if not parent.is_valid:
             parent = None
         if parent is None and self._always_roots:  # what DEFAULT_ON would answer
-            span_context = SpanContext(
-                self._ids.generate_trace_id(),
-                self._ids.generate_span_id(),
-                is_remote=False,
-                trace_flags=_SAMPLED,
+            ids = self._ids
+            return _RequestSpan(
+                name,
+                ids.generate_trace_id(),
+                ids.generate_span_id(),
+                _SAMPLED,
+                None,
+                None,
+                _KINDS[kind],
+                attributes or {},
+                self._export,
             )
-            return _RequestSpan(name, span_context, None, kind, attributes or {}, self._export)
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
         sampling = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         sampled = sampling.decision.is_sampled()
-        span_context = SpanContext(
-            trace_id,
-            self._ids.generate_span_id(),
-            is_remote=False,
-            trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
-            trace_state=sampling.trace_state,
-        )
+        span_id = self._ids.generate_span_id()
+        flags = _SAMPLED if sampled else _NOT_SAMPLED
         if not sampling.decision.is_recording():
-            return NonRecordingSpan(span_context)
+            return NonRecordingSpan(
+                SpanContext(trace_id, span_id, False, flags, sampling.trace_state)
+            )
         # the sampler's attributes: it echoes the given ones, or filters them
         merged = dict(sampling.attributes) if sampling.attributes else {}
-        return _RequestSpan(name, span_context, parent, kind, merged, self._export)
+        return _RequestSpan(
+            name,
+            trace_id,
+            span_id,
+            flags,
+            sampling.trace_state,
+            parent,
+            _KINDS[kind],
+            merged,
+            self._export,
+        )
 
 
 class _RequestSpan(Span):
-    """A recording span that, once ended, goes to the export queue as one tuple."""
+    """A recording span that, once ended, goes to the export queue as one tuple. Its
+    SpanContext is made only when asked for (by a child span, or user code): most
+    requests never ask. ``trace_id``, ``span_id``, ``trace_flags`` and ``trace_state`` are
+    read as a SpanContext's are by ``span_export.record``."""
 
     __slots__ = (
         "_attributes",
@@ -217,30 +235,46 @@ class _RequestSpan(Span):
         "_parent",
         "_start",
         "_status",
+        "span_id",
+        "trace_flags",
+        "trace_id",
+        "trace_state",
     )
 
     def __init__(
         self,
         name: str,
-        context: SpanContext,
+        trace_id: int,
+        span_id: int,
+        trace_flags: TraceFlags,
+        trace_state: TraceState | None,
         parent: SpanContext | None,
-        kind: SpanKind,
+        kind: int,
         attributes: dict[str, Any],
         export: PipeSpanProcessor,
     ) -> None:
         self._name = name
-        self._context = context
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.trace_flags = trace_flags
+        self.trace_state = trace_state
+        self._context: SpanContext | None = None
         self._parent = parent
         self._kind = kind
         self._attributes = attributes
         self._events: list[tuple[str, dict[str, Any], int]] = []
-        self._status: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
+        self._status = _UNSET
         self._export = export
         self._start = time_ns()
         self._end = 0
 
     def get_span_context(self) -> SpanContext:
-        return self._context
+        context = self._context
+        if context is None:
+            context = self._context = SpanContext(
+                self.trace_id, self.span_id, False, self.trace_flags, self.trace_state
+            )
+        return context
 
     def is_recording(self) -> bool:
         return not self._end
@@ -302,18 +336,19 @@ class _RequestSpan(Span):
         if self._end:
             return
         self._end = end_time or time_ns()
+        status = self._status
         self._export.put(
             record(
                 self._name,
-                self._context,
+                self,
                 self._parent,
-                self._kind.value,
+                self._kind,
                 self._start,
                 self._end,
                 self._attributes,
                 self._events,
                 [],
-                (self._status[0].value, self._status[1]),
+                (0, None) if status is _UNSET else (status[0].value, status[1]),
                 _SCOPE,
             )
         )

@@ -31,13 +31,22 @@ def field(obj: Any, *path: str) -> Any:
     for name in path:
         if obj is None:
             return None
-        # dict first: the ABC check behind isinstance(obj, Mapping) is slow on a hot path
-        obj = (
-            obj.get(name)
-            if type(obj) is dict or isinstance(obj, Mapping)
-            else getattr(obj, name, None)
-        )
+        obj = obj.get(name) if _is_mapping(type(obj)) else getattr(obj, name, None)
     return obj
+
+
+_mapping_types: dict[type, bool] = {dict: True}
+
+
+def _is_mapping(kind: type) -> bool:
+    # remembered per type: the ABC check behind isinstance(obj, Mapping) is slow on a hot
+    # path (every request's output, with tracing on)
+    found = _mapping_types.get(kind)
+    if found is None:
+        found = issubclass(kind, Mapping)
+        if len(_mapping_types) < 1024:  # types made at run time would otherwise pile up
+            _mapping_types[kind] = found
+    return found
 
 
 def scrub(text: str, extra: Iterable[str] = ()) -> str:
