@@ -25,14 +25,17 @@ import os
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from random import getrandbits
 from time import time_ns
 from typing import Any
 
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import (
+    INVALID_SPAN,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -58,6 +61,7 @@ _SCOPE = ("agentic-rl-runtime", None)
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 _UNSET: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
 _KINDS = {kind: kind.value for kind in SpanKind}  # (an enum's .value is slow to read)
+_SERVER = _KINDS[SpanKind.SERVER]
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
 
 
@@ -113,8 +117,17 @@ class Tracing:
                 carrier[_HEADERS[name]] = value.decode("latin-1")
             elif name == b"x-request-id":
                 request_id = value.decode("latin-1")
-        context = self._propagator.extract(carrier) if carrier else None
         metadata = getattr(input_data, "request_metadata", None)
+        if not carrier and metadata is None and not request_id and not capture_enabled():
+            # Most requests: no caller's span or baggage, no ids, nothing captured. The
+            # span is a root unless the task's context has one (an ASGI middleware's).
+            current = otel_context.get_current()
+            if self._tracer.roots_only and get_current_span(current) is INVALID_SPAN:
+                span = self._tracer.root(self._span_name, _SERVER, {})
+            else:
+                span = self._tracer.start_span(self._span_name, current, SpanKind.SERVER)
+            return span, enter(span, current)
+        context = self._propagator.extract(carrier) if carrier else None
         attributes: dict[str, Any] = {}
         if metadata is not None:
             for key, name in _IDS:
@@ -167,9 +180,24 @@ class _RequestTracer:
         self._sampler = provider.sampler
         # The default sampler samples every span without a parent, with no attributes or
         # trace state of its own: asking it per request is a cost with a known answer.
-        self._always_roots = provider.sampler is DEFAULT_ON
-        self._ids = provider.id_generator
+        self.roots_only = provider.sampler is DEFAULT_ON
+        self._ids = ids = provider.id_generator
+        # the default generator's ids, without its method calls (0, never drawn in
+        # practice, is not a valid id: the generator's own loop draws again)
+        self._bits = getrandbits if type(ids) is RandomIdGenerator else None
         self._export = export
+
+    def root(self, name: str, kind: int, attributes: dict[str, Any]) -> _RequestSpan:
+        """A sampled root span (what DEFAULT_ON answers for a span without a parent)."""
+        bits, ids = self._bits, self._ids
+        if bits is not None:
+            trace_id = bits(128) or ids.generate_trace_id()
+            span_id = bits(64) or ids.generate_span_id()
+        else:
+            trace_id, span_id = ids.generate_trace_id(), ids.generate_span_id()
+        return _RequestSpan(
+            name, trace_id, span_id, _SAMPLED, None, None, kind, attributes, self._export
+        )
 
     def start_span(
         self,
@@ -181,19 +209,8 @@ class _RequestTracer:
         parent = get_current_span(context).get_span_context()
         if not parent.is_valid:
             parent = None
-        if parent is None and self._always_roots:  # what DEFAULT_ON would answer
-            ids = self._ids
-            return _RequestSpan(
-                name,
-                ids.generate_trace_id(),
-                ids.generate_span_id(),
-                _SAMPLED,
-                None,
-                None,
-                _KINDS[kind],
-                attributes or {},
-                self._export,
-            )
+        if parent is None and self.roots_only:
+            return self.root(name, _KINDS[kind], attributes or {})
         trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
         sampling = self._sampler.should_sample(context, trace_id, name, kind, attributes)
         sampled = sampling.decision.is_sampled()

@@ -48,6 +48,8 @@ class OTLPReceiver(ThreadedServer):
                             "trace_id": span.trace_id.hex(),
                             "span_id": span.span_id.hex(),
                             "parent_span_id": span.parent_span_id.hex(),
+                            "start": span.start_time_unix_nano,
+                            "end": span.end_time_unix_nano,
                             "attributes": {a.key: _value(a.value) for a in span.attributes},
                             "status": span.status.code,
                             "status_message": span.status.message,

@@ -99,6 +99,41 @@ def test_rollout_trace_has_the_processor_llm_and_tool_spans(start_server, receiv
     assert b"sk-demo-not-a-real-key" not in receiver.raw
 
 
+def test_a_request_with_no_caller_span_and_no_ids_is_a_root_with_children(start_server, receiver):
+    # the common case (no traceparent, no request_metadata, nothing captured) takes the
+    # runtime's short way to the processor span: the same span on the wire
+    with LLMStub(free_port()) as llm:
+        server = start_server(
+            "functions.rollout.rollout:DemoRolloutProcessor",
+            "--tracing",
+            workspace=SAMPLES,
+            env=tracing_env(receiver),
+        )
+        body = json.loads((SAMPLES / "requests" / "rollout.json").read_text())
+        body["model_resource"]["base_url"] = llm.base_url
+        del body["request_metadata"]
+        assert server.post(body).json()["status"] == "success"
+        spans = receiver.wait_for(4)
+    (processor,) = receiver.named("rollout ")
+    assert processor["name"] == "rollout DemoRolloutProcessor"
+    assert processor["kind"] == SERVER
+    assert processor["parent_span_id"] == ""  # a root
+    assert processor["status"] == 0
+    assert processor["end"] > processor["start"] > 0
+    assert len(processor["trace_id"]) == 32 and int(processor["trace_id"], 16)
+    assert len(processor["span_id"]) == 16 and int(processor["span_id"], 16)
+    children = [s for s in spans if s is not processor]
+    assert sorted(s["name"] for s in children) == [
+        "chat demo-model",
+        "chat demo-model",
+        "execute_tool calculator",
+    ]
+    for span in children:
+        assert span["trace_id"] == processor["trace_id"]
+        assert span["parent_span_id"] == processor["span_id"]
+        assert not any(k in span["attributes"] for k in IDS)
+
+
 def test_processor_failure_is_an_error_span_without_the_key(start_server, receiver):
     server = start_server(
         "workspace.fns:LeakyRollout",
