@@ -4,6 +4,7 @@ ASGI app on the same uvicorn, one worker each, in one run, on loopback.
     python benchmarks/run.py                 # about 6 minutes; writes benchmarks/RESULTS.md
     python benchmarks/run.py --duration 5    # shorter runs
     python benchmarks/run.py --profile       # also py-spy profiles of the echo scenario
+    python benchmarks/run.py --profile --profile-before COMMIT   # and of COMMIT's runtime
 
 The SDK is compared at its best: its server on ``uvicorn[standard]`` (uvloop and
 httptools, as this runtime runs), with the plain install as a second row. Both are
@@ -178,7 +179,7 @@ class Server:
 RUNTIME_ROOT: str | None = None  # --root: serve the runtime from another checkout
 
 
-def runtime_server(cls: str, *extra: str) -> Server:
+def runtime_server(cls: str, *extra: str, root: str | None = None) -> Server:
     server = Server(
         "runtime",
         [
@@ -196,8 +197,8 @@ def runtime_server(cls: str, *extra: str) -> Server:
             *extra,
         ],
     )
-    if RUNTIME_ROOT:
-        server.env["PYTHONPATH"] = RUNTIME_ROOT
+    if root or RUNTIME_ROOT:
+        server.env["PYTHONPATH"] = root or RUNTIME_ROOT  # type: ignore[assignment]
     return server
 
 
@@ -399,6 +400,12 @@ def main() -> None:
         help="only profile the runtime on the echo reward; print the top frames",
     )
     parser.add_argument("--root", help="serve the runtime from this checkout (profile a commit)")
+    parser.add_argument(
+        "--profile-before",
+        metavar="COMMIT",
+        help="with --profile: also profile the runtime of COMMIT (a git worktree) on the same "
+        "load, for a before and after table",
+    )
     args = parser.parse_args()
     RUNTIME_ROOT = args.root
     seconds = args.duration
@@ -455,16 +462,39 @@ def main() -> None:
         rows.append((scenario, server.name, result))
         return result
 
+    def profile_under_load(server: Server) -> list[tuple[str, float]]:
+        load = subprocess.Popen(
+            [wrk_bin, "-t1", "-c32", f"-d{seconds + 2:g}s", "-s", str(script),
+             f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            return profile(server, seconds, work / "profile.txt")
+        finally:
+            load.wait()
+
     def echo_with_profile(server: Server) -> dict[str, float]:
         result = drive(32)(server)
         if args.profile:
-            load = subprocess.Popen(
-                [wrk_bin, "-t1", "-c32", f"-d{seconds + 2:g}s", "-s", str(script),
-                 f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
-            )  # fmt: skip
-            profiled.extend(profile(server, seconds, work / "profile.txt"))
-            load.wait()
+            profiled.extend(profile_under_load(server))
         return result
+
+    before: tuple[str, list[tuple[str, float]]] | None = None
+    if args.profile and args.profile_before:
+        print(f"profile of the runtime at {args.profile_before}", file=sys.stderr)
+        checkout = work / "before"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(checkout), args.profile_before],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            old = runtime_server("EchoReward", root=str(checkout))
+            old.start()
+            try:
+                warm(32)(old)
+                before = (args.profile_before, profile_under_load(old))
+            finally:
+                old.stop()
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(checkout)], check=False)
 
     print("scenario 1: async echo reward, 32 connections", file=sys.stderr)
     s1 = {
@@ -571,13 +601,13 @@ def main() -> None:
         "bare": cold_start(bare_server),
     }
 
-    report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled)
+    report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled, before)
     Path(args.output).write_text(report)
     print(report)
     shutil.rmtree(work, ignore_errors=True)
 
 
-def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled) -> str:  # type: ignore[no-untyped-def]
+def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled, before=None) -> str:  # type: ignore[no-untyped-def]
     lines = [
         "# Benchmark results",
         "",
@@ -664,6 +694,16 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled) -> str:  #
             "| share | frame |",
             "|---:|---|",
             *(f"| {share:.1%} | `{frame}` |" for frame, share in profiled),
+            "",
+        ]
+    if before:
+        commit, frames = before
+        lines += [
+            f"## The same profile of the runtime at {commit} (before), same load, same run",
+            "",
+            "| share | frame |",
+            "|---:|---|",
+            *(f"| {share:.1%} | `{frame}` |" for frame, share in frames),
             "",
         ]
     return "\n".join(lines)

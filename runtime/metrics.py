@@ -62,8 +62,8 @@ _LATENCY = ("rl_function_request_duration_seconds", "Latency of /api/v1 requests
 
 class _ApiCounts:
     """/api/v1's requests by status and latency histogram as plain numbers, written only by
-    the event loop; a collector of them (one worker), or folded into prometheus-client's
-    metrics (``--workers``: see ``Metrics.refresh``)."""
+    the event loop, and the collector that exposes them (one worker; with ``--workers``
+    the requests go to prometheus-client's metrics instead)."""
 
     def __init__(self, func_type: str) -> None:
         self.func_type = func_type
