@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -40,6 +41,7 @@ log = logging.getLogger("runtime")
 # --workers replaces it; a supervisor treats it like any other exit: start a fresh worker.
 EXIT_UNHEALTHY = 4
 STOP_SLACK = 5.0  # seconds, on top of the bounds of each stage of a stop
+THREADS_END_WITHIN = 1.0  # seconds for threads other than the loop's to end after it
 
 
 class Server(uvicorn.Server):
@@ -133,8 +135,14 @@ class Server(uvicorn.Server):
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         super().run(sockets)
-        stuck = [t.name for t in threading.enumerate() if not t.daemon and t.is_alive()]
-        stuck = [name for name in stuck if name != threading.current_thread().name]
+        current = threading.current_thread()
+        others = [t for t in threading.enumerate() if not t.daemon and t is not current]
+        # anyio's idle worker threads (the tracing flush, /metrics ran there) end as the
+        # loop's main task does: a moment, not a stuck call
+        deadline = time.monotonic() + THREADS_END_WITHIN
+        for thread in others:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in others if t.is_alive()]
         if stuck:  # a non-daemonic thread (a stuck call of user code) would keep us alive
             log.warning("exiting with %d threads still running: %s", len(stuck), ", ".join(stuck))
             _exit_now(self.exit_code)
