@@ -35,16 +35,23 @@ def tracing_env(receiver: OTLPReceiver, **extra: str) -> dict[str, str]:
     }
 
 
+def rollout(start_server, receiver: OTLPReceiver, llm: LLMStub, **env: str):  # type: ignore[no-untyped-def]
+    """The sample rollout served with --tracing, and its sample request, calling ``llm``."""
+    server = start_server(
+        "functions.rollout.rollout:DemoRolloutProcessor",
+        "--tracing",
+        workspace=SAMPLES,
+        env=tracing_env(receiver, **env),
+    )
+    body = json.loads((SAMPLES / "requests" / "rollout.json").read_text())
+    body["model_resource"]["base_url"] = llm.base_url
+    return server, body
+
+
 def test_rollout_trace_has_the_processor_llm_and_tool_spans(start_server, receiver):
     with LLMStub(free_port()) as llm:
-        server = start_server(
-            "functions.rollout.rollout:DemoRolloutProcessor",
-            "--tracing",
-            workspace=SAMPLES,
-            env=tracing_env(receiver, OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="true"),
-        )
-        body = json.loads((SAMPLES / "requests" / "rollout.json").read_text())
-        body["model_resource"]["base_url"] = llm.base_url
+        capture = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}
+        server, body = rollout(start_server, receiver, llm, **capture)
         response = server.post(
             body,
             headers={
@@ -103,14 +110,7 @@ def test_a_request_with_no_caller_span_and_no_ids_is_a_root_with_children(start_
     # the common case (no traceparent, no request_metadata, nothing captured) takes the
     # runtime's short way to the processor span: the same span on the wire
     with LLMStub(free_port()) as llm:
-        server = start_server(
-            "functions.rollout.rollout:DemoRolloutProcessor",
-            "--tracing",
-            workspace=SAMPLES,
-            env=tracing_env(receiver),
-        )
-        body = json.loads((SAMPLES / "requests" / "rollout.json").read_text())
-        body["model_resource"]["base_url"] = llm.base_url
+        server, body = rollout(start_server, receiver, llm)
         del body["request_metadata"]
         assert server.post(body).json()["status"] == "success"
         spans = receiver.wait_for(4)
