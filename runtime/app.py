@@ -637,13 +637,15 @@ class _Interrupt:
         self.responded = self.in_slot = self.abandoned = False
         now = loop.time()
         self._deadline_at = now + (app._timeout if timeout is None else timeout)
-        # first looked at WATCH_AFTER from now (to start watching for a disconnect), or at
-        # the deadline if sooner, by the app's shared schedule; a timer of its own after that
         self._deadline: asyncio.TimerHandle | None = None
         self._stopped = False
-        self._first_look = app._first_looks.add(
-            min(self._deadline_at, now + self.WATCH_AFTER), self
-        )
+        if self._deadline_at > now + self.WATCH_AFTER:
+            # first looked at WATCH_AFTER from now (to start watching for a disconnect) by
+            # the app's shared schedule; a timer of its own after that
+            self._first_look = app._first_looks.add(now + self.WATCH_AFTER, self)
+        else:  # a deadline this short is kept to the millisecond, by a timer of its own
+            self._first_look = _NO_LOOK
+            self._deadline = loop.call_at(self._deadline_at, self._tick)
         self._recancel: asyncio.TimerHandle | None = None
         self._receive: Any = None
         self._watcher: asyncio.Task[None] | None = None
@@ -738,11 +740,11 @@ def _trainer_routes(app: FunctionApp) -> list[Route]:
 
 
 class _FirstLooks:
-    """Looks at each request once, when it has run for ``_Interrupt.WATCH_AFTER`` (or at
-    its deadline, if sooner), with one timer for all requests due in the same ``GRAIN``
-    of time rather than a timer per request (created and cancelled: about a microsecond,
-    and most requests end long before their first look). A request that has ended is
-    skipped; one still running gets its own timer from then on."""
+    """Looks at each request once, when it has run for ``_Interrupt.WATCH_AFTER``, with one
+    timer for all requests due in the same ``GRAIN`` of time rather than a timer per
+    request (created and cancelled: about a microsecond, and most requests end long before
+    their first look). A request that has ended is skipped; one still running gets its own
+    timer from then on."""
 
     GRAIN = 0.01  # seconds: a first look is late by up to this much
 
@@ -762,6 +764,9 @@ class _FirstLooks:
     def _look(self, slot: int) -> None:
         for interrupt in tuple(self._due.pop(slot)):  # one may end while others are looked at
             interrupt._tick()
+
+
+_NO_LOOK: set[_Interrupt] = set()  # what a request without a first look discards itself from
 
 
 class _BodyDeadlines:

@@ -79,12 +79,11 @@ class Function:
             ) from exc
         # Only decides where setup() runs with process isolation; each call decides anew.
         self._process_is_async = inspect.iscoroutinefunction(self.processor.process)
-        # the model's validator itself, unless the model overrides model_validate
-        self._validate = (
-            self.input_model.__pydantic_validator__.validate_python
-            if getattr(self.input_model.model_validate, "__func__", None)
+        # The model's validator itself, unless the model overrides model_validate; read at
+        # each call, never here: a model completed in setup() (model_rebuild) has none yet.
+        self._validator_direct = (
+            getattr(self.input_model.model_validate, "__func__", None)
             is BaseModel.model_validate.__func__  # type: ignore[attr-defined]
-            else self.input_model.model_validate
         )
         self._func_type_value = self.func_type.value
         self.failure_template = _failure_template(self.output_model)
@@ -175,7 +174,9 @@ class Function:
                 f"{self._func_type_value!r}",
             )
         try:
-            return self._validate(data)
+            if self._validator_direct:
+                return self.input_model.__pydantic_validator__.validate_python(data)
+            return self.input_model.model_validate(data)
         except ValidationError as exc:
             raise RequestError(
                 422,

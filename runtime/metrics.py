@@ -16,6 +16,7 @@ admission state when scraped and once a second, never updated per request.
 from __future__ import annotations
 
 import os
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -68,13 +70,15 @@ class _ApiCounts:
     def __init__(self, func_type: str) -> None:
         self.func_type = func_type
         self.by_status: dict[int, int] = {}
+        self.created: dict[int, float] = {}  # when each status was first counted (_created)
         self.buckets = [0] * (len(_BUCKETS) + 1)  # per bucket, not cumulative; last: +Inf
         self.sum = 0.0
+        self._since = time.time()
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(*_REQUESTS, labels=["func_type", "status"])
         for status, count in sorted(self.by_status.items()):
-            requests.add_metric([self.func_type, str(status)], count)
+            requests.add_metric([self.func_type, str(status)], count, self.created[status])
         yield requests
         latency = HistogramMetricFamily(*_LATENCY, labels=["func_type"])
         cumulative, total = [], 0
@@ -82,6 +86,8 @@ class _ApiCounts:
             total += count
             cumulative.append((floatToGoString(bound), total))
         latency.add_metric([self.func_type], cumulative, self.sum)
+        labels = {"func_type": self.func_type}  # as prometheus-client's own histogram has it
+        latency.samples.append(Sample(f"{_LATENCY[0]}_created", labels, self._since))
         yield latency
 
 
@@ -157,7 +163,11 @@ class Metrics:
         """One /api/v1 request's answer (on the event loop)."""
         if self._shared is None:
             by_status = self._by_status
-            by_status[status] = by_status.get(status, 0) + 1
+            count = by_status.get(status)
+            if count is None:
+                count = 0
+                self._api.created[status] = time.time()
+            by_status[status] = count + 1
             self._buckets[bisect_left(_BUCKETS, seconds)] += 1  # values <= its bound
             self._api.sum += seconds
         else:

@@ -84,7 +84,7 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
         encoded_key = _KEYS.get(key)
         if encoded_key is None:
             encoded_key = _text(0x0A, str(key))
-            if len(_KEYS) < 4096:  # the same few names on every span
+            if len(_KEYS) < _CACHED and len(encoded_key) <= _CACHED_SIZE:  # the same few
                 _KEYS[key] = encoded_key
         if type(value) is str:  # the common case: a short text, with one-byte lengths
             text = value.encode("utf-8", "replace")
@@ -105,6 +105,9 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
 
 
 _KEYS: dict[str, bytes] = {}
+# Attribute keys and span names are encoded once: the same few recur on most spans. Long
+# or endless ones (a prompt or a URL made a span name) are encoded each time instead.
+_CACHED, _CACHED_SIZE = 4096, 256
 
 
 def _span(record: tuple[Any, ...]) -> bytes:
@@ -138,7 +141,7 @@ def _span(record: tuple[Any, ...]) -> bytes:
         encoded_name = _NAMES.get(name)
         if encoded_name is None:
             encoded_name = _text(0x2A, name)
-            if len(_NAMES) < 4096:  # the same few names on most spans
+            if len(_NAMES) < _CACHED and len(encoded_name) <= _CACHED_SIZE:  # the same few
                 _NAMES[name] = encoded_name
         parts.append(encoded_name)
     parts.append(_KINDS[kind] if kind < 5 else b"\x30" + _varint(kind + 1))

@@ -48,6 +48,9 @@ def test_metrics_count_requests_by_status(start_server):
     assert metric(text, "rl_function_requests_total", 'func_type="reward",status="400"') == 1
     assert metric(text, "rl_function_requests_total", 'func_type="reward",status="422"') == 1
     assert metric(text, "rl_function_request_duration_seconds_count", 'func_type="reward"') == 5
+    # the _created series prometheus-client's own counters and histograms have
+    assert metric(text, "rl_function_requests_created", 'func_type="reward",status="200"') > 0
+    assert metric(text, "rl_function_request_duration_seconds_created", 'func_type="reward"') > 0
     assert metric(text, "rl_function_requests_in_flight") == 0
     assert metric(text, "rl_function_rejected_total") == 0
 

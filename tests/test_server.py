@@ -266,3 +266,13 @@ def test_sigterm_drains_requests_in_flight(start_server, tmp_path):
     assert [r.status_code for r in responses] == [200, 200, 200]
     assert server.proc.returncode == 0
     assert Path(tmp_path / "shutdown-hook").read_text() == "ran"
+
+
+def test_an_input_model_completed_by_setup_is_served(start_server):
+    # its validator exists only once setup() has rebuilt it: read per request, not at start
+    server = start_server("workspace.fns:LazyModelReward")
+    response = server.post({**reward_body(), "judge": {"model": "x"}})
+    assert response.status_code == 200, response.text
+    assert response.json()["reward"]["reward_score"] == 1.0
+    assert server.post(reward_body()).json()["reward"]["reward_score"] == 0.0
+    assert server.post({**reward_body(), "judge": 5}).status_code == 422

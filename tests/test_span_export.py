@@ -209,3 +209,22 @@ def test_an_id_that_is_the_api_key_leaves_blanked(start_server, receiver):
     assert key not in span["attributes"]["agentic_rl.request_id"]
     assert key.encode() not in receiver.raw
     assert server.terminate() == 0
+
+
+def test_long_span_names_and_keys_are_not_kept_by_the_encoder() -> None:
+    # a name or key made of a prompt or a URL, new on every span, must not pile up in the
+    # exporter process; the short ones that recur are kept
+    from opentelemetry.sdk.resources import Resource
+
+    from runtime import otlp_encoding
+
+    encoder = otlp_encoding.RecordEncoder(Resource.create({"service.name": "x"}))
+    records = [
+        (f"chat {i} " + "x" * 1000, 1, 2, 1, (), 0, False, 1, 10, 20,
+         {f"k{i}" + "y" * 1000: "v", "short": "v"}, [], [], 0, None, ("s", None))
+        for i in range(50)
+    ]  # fmt: skip
+    encoder.encode(records)
+    assert not any(len(name) > 1000 for name in otlp_encoding._NAMES)
+    assert not any(len(key) > 1000 for key in otlp_encoding._KEYS)
+    assert "short" in otlp_encoding._KEYS

@@ -31,7 +31,7 @@ def field(obj: Any, *path: str) -> Any:
     for name in path:
         if obj is None:
             return None
-        obj = obj.get(name) if _is_mapping(type(obj)) else getattr(obj, name, None)
+        obj = obj.get(name) if _is_mapping(obj.__class__) else getattr(obj, name, None)
     return obj
 
 

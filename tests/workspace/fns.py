@@ -195,3 +195,26 @@ class OddAttributesReward(AbstractRewardProcessor):
             judge.set_attribute("ok", "yes")
             judge.set_attribute("huge", -(2**70))
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class LazyInput(RewardInput):
+    judge: JudgeConfig | None = None  # noqa: F821 (a name only setup() defines: incomplete)
+
+
+class LazyModelReward(AbstractRewardProcessor):
+    """An input model completed by setup() (model_rebuild), as one whose types are loaded
+    with a model would be."""
+
+    input_model = LazyInput
+
+    def setup(self) -> None:
+        from pydantic import BaseModel
+
+        class JudgeConfig(BaseModel):
+            model: str = "judge"
+
+        LazyInput.model_rebuild(_types_namespace={"JudgeConfig": JudgeConfig})
+
+    async def process(self, input_data: LazyInput) -> RewardOutput:  # type: ignore[override]
+        judge = input_data.judge
+        return RewardOutput(reward=Reward(reward_score=1.0 if judge else 0.0))
