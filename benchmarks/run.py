@@ -478,7 +478,7 @@ def main() -> None:
             profiled.extend(profile_under_load(server))
         return result
 
-    before: tuple[str, list[tuple[str, float]]] | None = None
+    before: tuple[str, float, list[tuple[str, float]]] | None = None
     if args.profile and args.profile_before:
         print(f"profile of the runtime at {args.profile_before}", file=sys.stderr)
         checkout = work / "before"
@@ -490,7 +490,8 @@ def main() -> None:
             old.start()
             try:
                 warm(32)(old)
-                before = (args.profile_before, profile_under_load(old))
+                rate = drive(32)(old)["rps"]
+                before = (args.profile_before, rate, profile_under_load(old))
             finally:
                 old.stop()
         finally:
@@ -697,9 +698,12 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled, before=Non
             "",
         ]
     if before:
-        commit, frames = before
+        commit, rate, frames = before
         lines += [
             f"## The same profile of the runtime at {commit} (before), same load, same run",
+            "",
+            f"Its async echo rate in this run: {rate:.0f} req/s (scenario 1 above: "
+            f"{s1['runtime']['rps']:.0f}).",
             "",
             "| share | frame |",
             "|---:|---|",
