@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from pathlib import Path
 
 from processors_base import (
     AbstractGroupRewardProcessor,
@@ -21,7 +20,7 @@ from processors_base import (
     RolloutOutput,
 )
 
-MARKERS = Path(os.environ.get("TEST_MARKER_DIR", "/tmp"))
+from .markers import mark
 
 
 def _delay(input_data: RewardInput) -> float:
@@ -44,13 +43,13 @@ class SleepyReward(AbstractRewardProcessor):
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         tag = (input_data.agent_output.rollout_extra or {}).get("tag", "x")
-        (MARKERS / f"started-{tag}").write_text(str(os.getpid()))
+        mark(f"started-{tag}", str(os.getpid()))
         try:
             await asyncio.sleep(_delay(input_data))
         except asyncio.CancelledError:
-            (MARKERS / f"cancelled-{tag}").write_text("cancelled")
+            mark(f"cancelled-{tag}", "cancelled")
             raise
-        (MARKERS / f"finished-{tag}").write_text("finished")
+        mark(f"finished-{tag}", "finished")
         return RewardOutput(reward=Reward(reward_score=1.0))
 
 
@@ -95,7 +94,7 @@ class FailingSetupReward(AbstractRewardProcessor):
 
 class ShutdownHookReward(SleepyReward):
     def shutdown(self) -> None:
-        (MARKERS / "shutdown-hook").write_text("ran")
+        mark("shutdown-hook", "ran")
 
 
 class LeakyRollout(AbstractRolloutProcessor):
@@ -141,7 +140,7 @@ class HangingReward(AbstractRewardProcessor):
     """Sync code that hangs when asked to (an endless sympy evaluation, a stuck sandbox)."""
 
     def setup(self) -> None:
-        (MARKERS / f"setup-{os.getpid()}").write_text("ran")
+        mark(f"setup-{os.getpid()}", "ran")
 
     def process(self, input_data: RewardInput) -> RewardOutput:
         if (input_data.agent_output.rollout_extra or {}).get("hang"):
@@ -154,7 +153,7 @@ class CrashingSetupReward(AbstractRewardProcessor):
     """Its worker dies in setup() (os._exit stands in for an OOM kill); each try leaves a marker."""
 
     def setup(self) -> None:
-        (MARKERS / f"crash-setup-{os.getpid()}").write_text("started")
+        mark(f"crash-setup-{os.getpid()}", "started")
         os._exit(1)
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
@@ -168,7 +167,7 @@ class LoopBlockingReward(AbstractRewardProcessor):
     async def process(self, input_data: RewardInput) -> RewardOutput:
         delay = _delay(input_data)
         if delay:
-            (MARKERS / f"blocking-{os.getpid()}").write_text("blocking")
+            mark(f"blocking-{os.getpid()}", "blocking")
             time.sleep(delay)
         return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
 

@@ -12,13 +12,12 @@ import contextlib
 import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
 from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
 
-MARKERS = Path(os.environ.get("TEST_MARKER_DIR", "/tmp"))
+from .markers import MARKERS, mark
 
 
 def _extra(input_data: RewardInput) -> dict:
@@ -35,7 +34,7 @@ class ModalReward(AbstractRewardProcessor):
     async def process(self, input_data: RewardInput) -> RewardOutput:
         extra = _extra(input_data)
         mode, tag = extra.get("mode", "ok"), extra.get("tag", "x")
-        (MARKERS / f"started-{tag}").write_text(mode)
+        mark(f"started-{tag}", mode)
         try:
             if mode == "raise":
                 raise ValueError("the scorer broke")
@@ -53,9 +52,9 @@ class ModalReward(AbstractRewardProcessor):
                 while not _released():
                     await asyncio.sleep(0.02)
         except asyncio.CancelledError:
-            (MARKERS / f"ended-{tag}").write_text("cancelled")
+            mark(f"ended-{tag}", "cancelled")
             raise
-        (MARKERS / f"ended-{tag}").write_text("returned")
+        mark(f"ended-{tag}", "returned")
         return RewardOutput(reward=Reward(reward_score=1.0))
 
 
@@ -64,10 +63,10 @@ class BlockingSyncReward(AbstractRewardProcessor):
 
     def process(self, input_data: RewardInput) -> RewardOutput:
         tag = _extra(input_data).get("tag", "x")
-        (MARKERS / f"started-{tag}").write_text("started")
+        mark(f"started-{tag}", "started")
         while not _released():
             time.sleep(0.02)
-        (MARKERS / f"ended-{tag}").write_text("returned")
+        mark(f"ended-{tag}", "returned")
         return RewardOutput(reward=Reward(reward_score=1.0))
 
 
@@ -75,7 +74,7 @@ class HungSetupReward(AbstractRewardProcessor):
     """Sync setup() that never returns (a model download that hangs)."""
 
     def setup(self) -> None:
-        (MARKERS / "setup-started").write_text("started")
+        mark("setup-started", "started")
         while True:
             time.sleep(0.05)
 
@@ -90,7 +89,7 @@ class CrossingReward(AbstractRewardProcessor):
     pickled) or hang. setup() is slow while ``slow-setup`` exists."""
 
     def setup(self) -> None:
-        (MARKERS / f"setup-{os.getpid()}").write_text("ran")
+        mark(f"setup-{os.getpid()}", "ran")
         while (MARKERS / "slow-setup").exists():
             time.sleep(0.02)
 
@@ -103,7 +102,7 @@ class CrossingReward(AbstractRewardProcessor):
         if mode == "unpicklable":
             return RewardOutput(reward=Reward(reward_score=1.0), handle=threading.Lock())
         if mode == "hang":
-            (MARKERS / f"started-{os.getpid()}").write_text("hanging")
+            mark(f"started-{os.getpid()}", "hanging")
             while True:
                 time.sleep(0.05)
         return RewardOutput(reward=Reward(reward_score=float(os.getpid())))
