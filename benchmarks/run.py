@@ -407,6 +407,8 @@ def main() -> None:
         "load, for a before and after table",
     )
     args = parser.parse_args()
+    if args.profile_before and not args.profile:
+        parser.error("--profile-before profiles beside --profile: give both")
     RUNTIME_ROOT = args.root
     seconds = args.duration
     wrk_bin = ensure_wrk()
