@@ -282,15 +282,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._rejection = self._over_cap()
             self._rejection_kind = (503, errors.OVERLOADED)
             raise _Rejected
+        parser = self.parser
+        upgrade = parser.should_upgrade()
+        if upgrade and self._has_body():
+            # The parser hands what follows an Upgrade request's headers to the protocol
+            # asked for (h2c, as `curl --http2` asks), which is not spoken here: the body
+            # would be dropped and the request read as empty.
+            message = (
+                "an Upgrade request (HTTP/2 over cleartext, WebSocket) cannot carry a body "
+                "here: this server speaks HTTP/1.1; send it without Upgrade (curl: --http1.1)"
+            )
+            self._rejection = raw_error(400, errors.BAD_REQUEST, message)
+            self._rejection_kind = (400, errors.BAD_REQUEST)
+            raise _Rejected
         # uvicorn's (0.54), making our cycle class (which adds the whole-response message)
         # in place of its own: assigning __class__ afterwards cost a microsecond a request
-        parser = self.parser
         http_version = parser.get_http_version()
         scope = self.scope
         scope["method"] = parser.get_method().decode("ascii")
         if http_version != "1.1":
             scope["http_version"] = http_version
-        if parser.should_upgrade() and self._should_upgrade():
+        if upgrade and self._should_upgrade():
             return
         parsed_url = httptools.parse_url(self.url)
         raw_path = parsed_url.path
@@ -326,6 +338,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:  # pipelined behind a request still being answered
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, app))
+
+    def _has_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                return True
+            if name == b"content-length" and value.strip() != b"0":
+                return True
+        return False
 
     # --- limits ----------------------------------------------------------------------------
 

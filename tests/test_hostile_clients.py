@@ -313,6 +313,31 @@ def test_invalid_http_gets_a_json_400(start_server):
     server.wait_output("400 BAD_REQUEST")
 
 
+def test_an_upgrade_with_a_body_is_told_to_come_without_it(start_server):
+    # `curl --http2 -d @req.json http://...` asks for h2c: what follows the headers belongs
+    # to the new protocol, so the body is not the request's; said so, not "body is empty"
+    server = start_server("workspace.fns:EchoReward")
+    body = orjson.dumps(reward_body())
+    upgrade = (
+        b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+    )
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /api/v1 HTTP/1.1\r\nHost: x\r\n" + upgrade
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )  # fmt: skip
+        status, headers, answer = read_response(sock)
+    assert status == 400
+    error = assert_json_error(headers, answer, "BAD_REQUEST")
+    assert "Upgrade" in error["message"] and "--http1.1" in error["message"]
+    with connect(server) as sock:  # without a body the Upgrade is ignored, as before
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n")
+        status, headers, answer = read_response(sock)
+    assert status == 200 and orjson.loads(answer)["status"] == "healthy"
+
+
 @pytest.mark.parametrize(
     "request_",
     [
