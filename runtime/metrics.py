@@ -75,6 +75,15 @@ class _ApiCounts:
         self.sum = 0.0
         self._since = time.time()
 
+    def observe(self, status: int, seconds: float) -> None:
+        count = self.by_status.get(status)
+        if count is None:
+            count = 0
+            self.created[status] = time.time()
+        self.by_status[status] = count + 1
+        self.buckets[bisect_left(_BUCKETS, seconds)] += 1  # a bucket: values <= its bound
+        self.sum += seconds
+
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(*_REQUESTS, labels=["func_type", "status"])
         for status, count in sorted(self.by_status.items()):
@@ -101,18 +110,17 @@ class Metrics:
         # In multiprocess mode samples go to the shared files, not to a registry.
         owned = None if multiprocess else self.registry
         self._func_type = func_type
-        self._api = api = _ApiCounts(func_type)
-        self._by_status, self._buckets = api.by_status, api.buckets
+        self._api: _ApiCounts | None = None
         # --workers: prometheus-client's metrics, by status (children bound once)
-        self._shared: dict[int, Any] | None = None
+        self._shared: dict[int, Any] = {}
         if multiprocess:
-            self._shared = {}
             self._requests = Counter(*_REQUESTS, ["func_type", "status"], registry=None)
             self._latency = Histogram(
                 *_LATENCY, ["func_type"], buckets=_BUCKETS, registry=None
             ).labels(func_type)
         else:
-            self.registry.register(api)
+            self._api = _ApiCounts(func_type)
+            self.registry.register(self._api)
         self.rejected = Counter(
             "rl_function_rejected",
             "Requests answered 503 because slots and queue were full.",
@@ -161,15 +169,8 @@ class Metrics:
 
     def observe(self, status: int, seconds: float) -> None:
         """One /api/v1 request's answer (on the event loop)."""
-        if self._shared is None:
-            by_status = self._by_status
-            count = by_status.get(status)
-            if count is None:
-                count = 0
-                self._api.created[status] = time.time()
-            by_status[status] = count + 1
-            self._buckets[bisect_left(_BUCKETS, seconds)] += 1  # values <= its bound
-            self._api.sum += seconds
+        if self._api is not None:
+            self._api.observe(status, seconds)
         else:
             child = self._shared.get(status)
             if child is None:

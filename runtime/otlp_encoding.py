@@ -81,11 +81,7 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
     SDK's encoder would fail the whole batch for it)."""
     out = []
     for key, value in attributes.items():
-        encoded_key = _KEYS.get(key)
-        if encoded_key is None:
-            encoded_key = _text(0x0A, str(key))
-            if len(_KEYS) < _CACHED and len(encoded_key) <= _CACHED_SIZE:  # the same few
-                _KEYS[key] = encoded_key
+        encoded_key = _KEYS.get(key) or _cached(_KEYS, 0x0A, key)
         if type(value) is str:  # the common case: a short text, with one-byte lengths
             text = value.encode("utf-8", "replace")
             size = len(text)
@@ -104,10 +100,19 @@ def _key_values(tag: int, attributes: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-_KEYS: dict[str, bytes] = {}
-# Attribute keys and span names are encoded once: the same few recur on most spans. Long
-# or endless ones (a prompt or a URL made a span name) are encoded each time instead.
+_KEYS: dict[str, bytes] = {}  # attribute key -> its field
+_NAMES: dict[str, bytes] = {}  # span name -> its field
 _CACHED, _CACHED_SIZE = 4096, 256
+
+
+def _cached(cache: dict[str, bytes], tag: int, text: str) -> bytes:
+    """``text``'s field, kept in ``cache`` when short: the same few keys and names recur
+    on most spans; long or endless ones (a prompt or a URL made a span name) are encoded
+    each time instead."""
+    encoded = _text(tag, str(text))
+    if len(cache) < _CACHED and len(encoded) <= _CACHED_SIZE:
+        cache[text] = encoded
+    return encoded
 
 
 def _span(record: tuple[Any, ...]) -> bytes:
@@ -138,12 +143,7 @@ def _span(record: tuple[Any, ...]) -> bytes:
     if parent_id:
         parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
     if name:
-        encoded_name = _NAMES.get(name)
-        if encoded_name is None:
-            encoded_name = _text(0x2A, name)
-            if len(_NAMES) < _CACHED and len(encoded_name) <= _CACHED_SIZE:  # the same few
-                _NAMES[name] = encoded_name
-        parts.append(encoded_name)
+        parts.append(_NAMES.get(name) or _cached(_NAMES, 0x2A, name))
     parts.append(_KINDS[kind] if kind < 5 else b"\x30" + _varint(kind + 1))
     if start:
         parts.append(b"\x39" + _FIXED64(start))
@@ -176,7 +176,6 @@ def _span(record: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-_NAMES: dict[str, bytes] = {}
 # Span.kind: SpanKind INTERNAL (0) is SPAN_KIND_INTERNAL (1), and so on
 _KINDS = [b"\x30" + _varint(kind + 1) for kind in range(5)]
 _UNSET_STATUS = _field(0x7A, b"")
