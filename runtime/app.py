@@ -296,10 +296,19 @@ class FunctionApp:
                 await admission.acquire_slot()
                 interrupt.in_slot = True
                 try:
-                    if self.tracing is None:
+                    tracing = self.tracing
+                    if tracing is None:
                         output = function.serialise(await function.call(input_data))
-                    else:
-                        output = await self._traced_process(scope, input_data)
+                    else:  # inline, not a coroutine of its own: this is every request's path
+                        span, entered = tracing.begin(scope, input_data)
+                        try:
+                            result = await function.call(input_data)
+                            record_output(span, result)
+                            output = function.serialise(result)
+                        except BaseException as exc:
+                            tracing.end(span, entered, exc)
+                            raise
+                        tracing.end(span, entered)
                 finally:
                     interrupt.release_slot()  # admission.release_slot(), once
                 interrupt.close()
@@ -420,20 +429,6 @@ class FunctionApp:
     def _stuck_task_ended(self, interrupt: _Interrupt) -> None:
         self.stuck_tasks -= 1
         log.warning("a stuck async process() ended after %.1fs", perf_counter() - interrupt.started)
-
-    async def _traced_process(self, scope: dict[str, Any], input_data: Any) -> bytes:
-        tracing = self.tracing
-        assert tracing is not None
-        span, entered = tracing.begin(scope, input_data)
-        try:
-            result = await self.function.call(input_data)
-            record_output(span, result)
-            output = self.function.serialise(result)
-        except BaseException as exc:
-            tracing.end(span, entered, exc)
-            raise
-        tracing.end(span, entered)
-        return output
 
     def _finish(
         self,

@@ -54,6 +54,7 @@ class OTLPReceiver(ThreadedServer):
                             "status": span.status.code,
                             "status_message": span.status.message,
                             "events": [e.name for e in span.events],
+                            "scope": scope_spans.scope.name,
                             "resource": resource,
                         }
                     )

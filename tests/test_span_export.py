@@ -51,6 +51,27 @@ def test_spans_are_encoded_outside_the_worker(start_server, receiver):
     assert wait_gone({exporter}, 10) == set()
 
 
+def test_a_plain_request_span_arrives_whole(start_server, receiver):
+    # A request span with nothing set on it leaves the worker as four ints; the exporter
+    # process fills in the rest. One with an attribute leaves as a whole record.
+    server = start_server("workspace.fns:EchoReward", "--tracing", env=_env(receiver))
+    assert server.post(reward_body()).status_code == 200
+    assert server.post(reward_body(), headers={"x-request-id": "r-1"}).status_code == 200
+    plain, marked = sorted(receiver.wait_for(2), key=lambda span: len(span["attributes"]))
+    assert marked["attributes"] == {"agentic_rl.request_id": "r-1"}
+    for span in (plain, marked):
+        assert span["name"] == "reward EchoReward"
+        assert span["kind"] == 2  # SERVER
+        assert span["scope"] == "agentic-rl-runtime"
+        assert span["parent_span_id"] == ""
+        assert (span["status"], span["status_message"], span["events"]) == (0, "", [])
+        assert span["end"] > span["start"] > 1.7e18
+        assert int(span["trace_id"], 16) and int(span["span_id"], 16)
+    assert plain["attributes"] == {}
+    assert plain["trace_id"] != marked["trace_id"]
+    assert server.terminate() == 0
+
+
 def test_a_killed_exporter_is_replaced_and_later_spans_still_arrive(start_server, receiver):
     server = start_server("workspace.fns:EchoReward", "--tracing", env=_env(receiver))
     assert server.post(reward_body()).status_code == 200
@@ -185,9 +206,9 @@ def test_values_otlp_cannot_carry_are_left_out_and_nothing_else_is_lost(start_se
     spans = receiver.wait_for(6)
     assert sorted(s["name"] for s in spans) == ["judge"] * 3 + ["reward OddAttributesReward"] * 3
     for span in receiver.named("reward"):
-        assert span["attributes"] == {"ok": "yes", "shared": ["before"]}
+        assert span["attributes"] == {"ok": "yes", "status": "success", "shared": ["before"]}
     for span in receiver.named("judge"):
-        assert span["attributes"] == {"ok": "yes"}
+        assert span["attributes"] == {"ok": "yes", "status": "failed"}
     assert server.post(reward_body()).status_code == 200  # the export still runs
     assert len(receiver.wait_for(8)) == 8
     server.wait_output("left out")

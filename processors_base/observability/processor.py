@@ -12,18 +12,28 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.context import Context
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    set_span_in_context,
+)
 
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled
 
-__all__ = ["enter", "leave", "observe_processor", "processor_span", "record_output"]
+__all__ = ["observe_processor", "processor_context", "processor_span", "record_output"]
 
-_in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=False)
+# The key OpenTelemetry keeps the current span under (read through its public API), and
+# ours marking a processor span's context: both set in one new Context per request.
+SPAN_KEY = next(iter(set_span_in_context(INVALID_SPAN, Context())))
+_IN_PROCESSOR_SPAN = otel_context.create_key("agentic_rl.in_processor_span")
 
 
 _tracers: dict[int, tuple[Any, Any]] = {}
@@ -48,7 +58,7 @@ def processor_span(
 ) -> Iterator[Span]:
     # The function type and the processor are in the span's name (and, under the runtime,
     # in the resource): every attribute costs on the hot path and again when exported.
-    # (The runtime opens its own, leaner, with enter() and leave(): runtime.tracing.)
+    # (The runtime opens its own, leaner, with processor_context(): runtime.tracing.)
     attrs = dict(attributes) if attributes else {}
     if capture_enabled():
         attrs["agentic_rl.input"] = capture(input_data)
@@ -56,35 +66,29 @@ def processor_span(
     span = _tracer(provider).start_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
-    entered = enter(span, parent)
+    token = otel_context.attach(processor_context(span, parent))
     try:
         yield span
     except BaseException as exc:
         _spans.record_error(span, exc)
         raise
     finally:
-        leave(span, entered)
+        otel_context.detach(token)
+        span.end()
 
 
-def enter(span: Span, parent: Any) -> tuple[Any, Any]:
-    """Make ``span``, over ``parent`` (the caller's span, the request's baggage), the
-    current span: every span made under it, in this task or its threads, inherits both.
-    What ``leave`` needs is returned."""
-    return otel_context.attach(set_span_in_context(span, parent)), _in_processor_span.set(True)
-
-
-def leave(span: Span, entered: tuple[Any, Any]) -> None:
-    """Undo ``enter`` and end the span."""
-    attached, marked = entered
-    _in_processor_span.reset(marked)
-    otel_context.detach(attached)
-    span.end()
+def processor_context(span: Span, parent: Context) -> Context:
+    """``parent`` (the caller's span, the request's baggage) with ``span`` as the current
+    span, marked as a processor span's: every span made under it, in this task or its
+    threads, inherits all three, and ``@observe_processor`` opens no second one."""
+    return Context({**parent, SPAN_KEY: span, _IN_PROCESSOR_SPAN: True})
 
 
 def record_output(span: Span, output: Any) -> None:
     """A failed output makes the span an error; a preview when content is captured."""
     status = _spans.field(output, "status")
-    status = getattr(status, "value", status)
+    if not isinstance(status, str):  # a str enum (ours) compares as its value already
+        status = getattr(status, "value", status)
     if status == "failed":
         span.set_attribute("agentic_rl.status", "failed")
         error = _spans.field(output, "error")
@@ -102,7 +106,7 @@ def observe_processor(
 
     def open_span(self: Any, input_data: Any) -> Any:
         provider = active_provider(tracer_provider)
-        if provider is None or _in_processor_span.get():
+        if provider is None or otel_context.get_value(_IN_PROCESSOR_SPAN):
             return None
         func_type = getattr(getattr(self, "func_type", None), "value", None) or _kind_of(self)
         return processor_span(provider, func_type, type(self).__name__, input_data)

@@ -18,6 +18,7 @@ from processors_base import (
     RewardOutput,
     RolloutInput,
     RolloutOutput,
+    TaskStatus,
 )
 
 from .markers import mark
@@ -185,6 +186,7 @@ class OddAttributesReward(AbstractRewardProcessor):
         itself.append(itself)
         shared = ["before"]
         span.set_attribute("ok", "yes")
+        span.set_attribute("status", TaskStatus.SUCCESS)  # a str subclass: marshal fails
         span.set_attribute("lock", threading.Lock())  # cannot be pickled
         span.set_attribute("huge", 2**70)  # outside int64
         span.set_attribute("itself", itself)
@@ -192,6 +194,7 @@ class OddAttributesReward(AbstractRewardProcessor):
         shared.append("after")  # set before: not what the span says
         with trace.get_tracer("user code").start_as_current_span("judge") as judge:
             judge.set_attribute("ok", "yes")
+            judge.set_attribute("status", TaskStatus.FAILED)
             judge.set_attribute("huge", -(2**70))
         return RewardOutput(reward=Reward(reward_score=1.0))
 
