@@ -57,12 +57,16 @@ __all__ = ["Tracing"]
 
 log = logging.getLogger("runtime")
 
-_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate", b"baggage": "baggage"}
+_HEADERS = {  # what begin reads: the propagators' (by their names) and x-request-id
+    b"traceparent": "traceparent",
+    b"tracestate": "tracestate",
+    b"baggage": "baggage",
+    b"x-request-id": "x-request-id",
+}
 _SCOPE = ("agentic-rl-runtime", None)
 _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 _UNSET: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
-_KINDS = {kind: kind.value for kind in SpanKind}  # (an enum's .value is slow to read)
-_SERVER = _KINDS[SpanKind.SERVER]
+_SERVER = SpanKind.SERVER.value  # (an enum's .value is slow to read per request)
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
 
 
@@ -113,7 +117,7 @@ class Tracing:
         self._span_name = f"{func_type} {processor}"
         self._export = PipeSpanProcessor(attributes, plain=(self._span_name, _SERVER, _SCOPE))
         self.provider.add_span_processor(self._export)
-        self._tracer = _RequestTracer(self.provider, self._export)
+        self._tracer = _RequestTracer(self.provider, self._export, self._span_name)
         trace.set_tracer_provider(self.provider)  # what user code's instrumentation records to
         self._propagator = CompositePropagator(
             [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
@@ -128,18 +132,20 @@ class Tracing:
         request_id = None
         for name, value in scope["headers"]:
             if name in _HEADERS:
-                carrier[_HEADERS[name]] = value.decode("latin-1")
-            elif name == b"x-request-id":
-                request_id = value.decode("latin-1")
+                if name == b"x-request-id":
+                    request_id = value.decode("latin-1")
+                else:
+                    carrier[_HEADERS[name]] = value.decode("latin-1")
         metadata = getattr(input_data, "request_metadata", None)
         if not carrier and metadata is None and not request_id and not capture_enabled():
             # Most requests: no caller's span or baggage, no ids, nothing captured. The
             # span is a root unless the task's context has one (an ASGI middleware's).
             current = _get_current()
-            if self._tracer.roots_only and SPAN_KEY not in current:
-                span = self._tracer.root(self._span_name, _SERVER, {})
+            tracer = self._tracer
+            if tracer.roots_only and SPAN_KEY not in current:
+                span = tracer.root()
             else:
-                span = self._tracer.start_span(self._span_name, current, SpanKind.SERVER)
+                span = tracer.start_span(current)
             return span, _attach(processor_context(span, current))
         context = self._propagator.extract(carrier) if carrier else None
         attributes: dict[str, Any] = {}
@@ -156,7 +162,7 @@ class Tracing:
         if capture_enabled():
             attributes["agentic_rl.input"] = capture(input_data)
         parent = context if context is not None else _get_current()
-        span = self._tracer.start_span(self._span_name, parent, SpanKind.SERVER, attributes)
+        span = self._tracer.start_span(parent, attributes)
         return span, _attach(processor_context(span, parent))
 
     @staticmethod
@@ -188,10 +194,10 @@ class Tracing:
 
 
 class _RequestTracer:
-    """Starts the per-request processor span as a ``_RequestSpan`` (see the module doc),
-    with the provider's sampler and id generator, as the SDK's tracer would."""
+    """Starts the request's processor span as a ``_RequestSpan`` (see the module doc), with
+    the provider's sampler and id generator, as the SDK's tracer would."""
 
-    def __init__(self, provider: Any, export: PipeSpanProcessor) -> None:
+    def __init__(self, provider: Any, export: PipeSpanProcessor, name: str) -> None:
         self._sampler = provider.sampler
         # The default sampler samples every span without a parent, with no attributes or
         # trace state of its own: asking it per request is a cost with a known answer.
@@ -201,8 +207,9 @@ class _RequestTracer:
         # practice, is not a valid id: the generator's own loop draws again)
         self._bits = getrandbits if type(ids) is RandomIdGenerator else None
         self._export = export
+        self._name = name
 
-    def root(self, name: str, kind: int, attributes: dict[str, Any]) -> _RequestSpan:
+    def root(self) -> _RequestSpan:
         """A sampled root span (what DEFAULT_ON answers for a span without a parent)."""
         bits, ids = self._bits, self._ids
         if bits is not None:
@@ -210,92 +217,57 @@ class _RequestTracer:
             span_id = bits(64) or ids.generate_span_id()
         else:
             trace_id, span_id = ids.generate_trace_id(), ids.generate_span_id()
-        return _RequestSpan(
-            name, trace_id, span_id, _SAMPLED, None, None, kind, attributes, self._export
-        )
+        return _RequestSpan(self._name, trace_id, span_id, self._export)
 
-    def start_span(
-        self,
-        name: str,
-        context: Any = None,
-        kind: SpanKind = SpanKind.INTERNAL,
-        attributes: dict[str, Any] | None = None,
-    ) -> Span:
+    def start_span(self, context: Any, attributes: dict[str, Any] | None = None) -> Span:
         parent = get_current_span(context).get_span_context()
         if not parent.is_valid:
             parent = None
         if parent is None and self.roots_only:
-            return self.root(name, _KINDS[kind], attributes or {})
-        trace_id = parent.trace_id if parent is not None else self._ids.generate_trace_id()
-        sampling = self._sampler.should_sample(context, trace_id, name, kind, attributes)
-        sampled = sampling.decision.is_sampled()
-        span_id = self._ids.generate_span_id()
-        flags = _SAMPLED if sampled else _NOT_SAMPLED
+            span = self.root()
+            if attributes:
+                span.set_attributes(attributes)
+            return span
+        name, ids = self._name, self._ids
+        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+        sampling = self._sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes)
+        span_id = ids.generate_span_id()
+        flags = _SAMPLED if sampling.decision.is_sampled() else _NOT_SAMPLED
         if not sampling.decision.is_recording():
             return NonRecordingSpan(
                 SpanContext(trace_id, span_id, False, flags, sampling.trace_state)
             )
-        # the sampler's attributes: it echoes the given ones, or filters them
-        merged = dict(sampling.attributes) if sampling.attributes else {}
-        return _RequestSpan(
-            name,
-            trace_id,
-            span_id,
-            flags,
-            sampling.trace_state,
-            parent,
-            _KINDS[kind],
-            merged,
-            self._export,
-        )
+        span = _RequestSpan(name, trace_id, span_id, self._export)
+        span.trace_flags, span.trace_state, span._parent = flags, sampling.trace_state, parent
+        span._plain = False
+        if sampling.attributes:  # the sampler's: it echoes the given ones, or filters them
+            span.set_attributes(sampling.attributes)
+        return span
 
 
 class _RequestSpan(Span):
-    """A recording span that, once ended, goes to the export queue as one tuple. Its
-    SpanContext is made only when asked for (by a child span, or user code): most
-    requests never ask."""
+    """A recording SERVER span that, once ended, goes to the export queue as one tuple:
+    four ints while it is ``plain`` (a sampled root with nothing set on it, as most are).
+    What few spans have (a parent, a trace state, attributes, events, a status) stays at
+    the class's default until set, and its SpanContext is made only when asked for (by a
+    child span, or user code)."""
 
-    __slots__ = (
-        "_attributes",
-        "_context",
-        "_end",
-        "_events",
-        "_export",
-        "_kind",
-        "_name",
-        "_parent",
-        "_start",
-        "_status",
-        "span_id",
-        "trace_flags",
-        "trace_id",
-        "trace_state",
-    )
+    __slots__ = ("_end", "_export", "_name", "_plain", "_start", "span_id", "trace_id")
 
-    def __init__(
-        self,
-        name: str,
-        trace_id: int,
-        span_id: int,
-        trace_flags: TraceFlags,
-        trace_state: TraceState | None,
-        parent: SpanContext | None,
-        kind: int,
-        attributes: dict[str, Any],
-        export: PipeSpanProcessor,
-    ) -> None:
+    trace_flags: TraceFlags = _SAMPLED
+    trace_state: TraceState | None = None
+    _parent: SpanContext | None = None
+    _attributes: dict[str, Any] | None = None
+    _events: list[tuple[str, dict[str, Any], int]] | None = None
+    _status: tuple[StatusCode, str | None] = _UNSET
+    _context: SpanContext | None = None
+
+    def __init__(self, name: str, trace_id: int, span_id: int, export: PipeSpanProcessor) -> None:
         self._name = name
         self.trace_id = trace_id
         self.span_id = span_id
-        self.trace_flags = trace_flags
-        self.trace_state = trace_state
-        self._context: SpanContext | None = None
-        self._parent = parent
-        self._kind = kind
-        self._attributes = attributes
-        self._events: list[tuple[str, dict[str, Any], int]] = []
-        self._status = _UNSET
         self._export = export
+        self._plain = True
         self._start = time_ns()
         self._end = 0
 
@@ -311,8 +283,8 @@ class _RequestSpan(Span):
         return not self._end
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        if not self._end:
-            self._attributes.update(_kept(attributes))
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self._end:
@@ -321,6 +293,9 @@ class _RequestSpan(Span):
             value = _attribute_value(key, value)
             if value is None:
                 return
+        if self._attributes is None:
+            self._attributes = {}
+            self._plain = False
         self._attributes[key] = value
 
     def add_event(
@@ -330,11 +305,15 @@ class _RequestSpan(Span):
         timestamp: int | None = None,
     ) -> None:
         if not self._end:
+            if self._events is None:
+                self._events = []
+                self._plain = False
             self._events.append((name, _kept(attributes or {}), timestamp or time_ns()))
 
     def update_name(self, name: str) -> None:
         if not self._end:
             self._name = name
+            self._plain = False
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if self._end or self._status[0] is StatusCode.OK:
@@ -343,6 +322,7 @@ class _RequestSpan(Span):
             self._status = (status.status_code, status.description)
         else:
             self._status = (status, description if status is StatusCode.ERROR else None)
+        self._plain = False
 
     def record_exception(
         self,
@@ -369,16 +349,11 @@ class _RequestSpan(Span):
         self._end = end = end_time or time_ns()
         if self.trace_flags is _NOT_SAMPLED:
             return  # recorded, never exported (a RECORD_ONLY sampler's), as in the SDK
-        export, parent, state, status = self._export, self._parent, self.trace_state, self._status
-        attributes, events = self._attributes, self._events
-        if (
-            parent is None
-            and not (attributes or events or state)
-            and status is _UNSET
-            and (self._name, self._kind, _SCOPE) == export.plain
-        ):
+        export = self._export
+        if self._plain:
             export.put((self.trace_id, self.span_id, self._start, end))  # most requests
             return
+        parent, state, status = self._parent, self.trace_state, self._status
         # a span_export.SpanRecord, built in place
         export.put(
             (
@@ -389,11 +364,11 @@ class _RequestSpan(Span):
                 tuple(state.items()) if state else (),
                 0 if parent is None else parent.span_id,
                 False if parent is None else parent.is_remote,
-                self._kind,
+                _SERVER,
                 self._start,
                 end,
-                attributes or None,
-                events or (),
+                self._attributes,
+                self._events or (),
                 (),
                 0 if status is _UNSET else status[0].value,
                 None if status is _UNSET else status[1],

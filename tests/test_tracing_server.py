@@ -205,3 +205,29 @@ def test_exporter_down_never_fails_a_request(start_server):
         assert time.monotonic() - started < 2  # never waits on the exporter
     assert server.client.get("/health").status_code == 200
     assert server.terminate() == 0
+
+
+def test_samplers_decide_which_request_spans_leave(start_server, receiver):
+    # the request span asks a configured sampler, as the SDK's tracer would; only what it
+    # samples is exported, under the caller's trace
+    def traceparent(trace_id: str, flags: str = "01") -> dict[str, str]:
+        return {"traceparent": f"00-{trace_id}-{CALLER_SPAN}-{flags}"}
+
+    low, high = "0" * 31 + "1", "0" * 16 + "f" * 16  # under and over a ratio of 0.5
+    env = tracing_env(receiver, OTEL_TRACES_SAMPLER="parentbased_always_off")
+    server = start_server("workspace.fns:EchoReward", "--tracing", env=env)
+    assert server.post(reward_body()).status_code == 200  # a root: off
+    assert server.post(reward_body(), headers=traceparent(low, "00")).status_code == 200
+    assert server.post(reward_body(), headers=traceparent(CALLER_TRACE)).status_code == 200
+    assert server.terminate() == 0  # flushes what was sampled
+    (span,) = receiver.spans
+    assert (span["trace_id"], span["parent_span_id"]) == (CALLER_TRACE, CALLER_SPAN)
+    assert span["name"] == "reward EchoReward" and span["kind"] == SERVER
+
+    receiver.spans.clear()
+    env = tracing_env(receiver, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
+    server = start_server("workspace.fns:EchoReward", "--tracing", env=env)
+    for trace_id in (high, low, high):
+        assert server.post(reward_body(), headers=traceparent(trace_id)).status_code == 200
+    assert server.terminate() == 0
+    assert [(s["trace_id"], s["parent_span_id"]) for s in receiver.spans] == [(low, CALLER_SPAN)]

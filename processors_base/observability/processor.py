@@ -86,7 +86,9 @@ def processor_context(span: Span, parent: Context) -> Context:
 
 def record_output(span: Span, output: Any) -> None:
     """A failed output makes the span an error; a preview when content is captured."""
-    status = _spans.field(output, "status")
+    status = getattr(output, "status", None)  # an output model's, most often
+    if status is None:
+        status = _spans.field(output, "status")  # a mapping's
     if not isinstance(status, str):  # a str enum (ours) compares as its value already
         status = getattr(status, "value", status)
     if status == "failed":
