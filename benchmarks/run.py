@@ -500,7 +500,8 @@ def main() -> None:
             subprocess.run([*git, "worktree", "remove", "--force", str(checkout)], check=False)
 
     print("scenario 1: async echo reward, 32 connections", file=sys.stderr)
-    s1 = {
+    s1 = {  # in this order, the runtime's two ratios each compare runs back to back
+        "bare": record("1 async echo", bare_server(), drive(32), warm(32)),
         "runtime": record(
             "1 async echo", runtime_server("EchoReward"), echo_with_profile, warm(32)
         ),
@@ -508,7 +509,6 @@ def main() -> None:
         "sdk plain": record(
             "1 async echo", sdk_server("EchoReward", sdk, "plain"), drive(32), warm(32)
         ),
-        "bare": record("1 async echo", bare_server(), drive(32), warm(32)),
     }
 
     print("scenario 2: sync echo reward, 32 connections", file=sys.stderr)
@@ -552,13 +552,17 @@ def main() -> None:
     sink = uvicorn_server("otlp sink", "otlp_sink:app")
     sink.start_listening()
     try:
+        # off, then on, back to back: the ratio's two sides under the same conditions (a
+        # shared machine's speed drifts between scenarios minutes apart)
+        untraced = runtime_server("EchoReward")
+        untraced.name = "runtime, tracing off"
+        s5 = {"off": record("5 tracing on vs off", untraced, drive(32), warm(32))}
         traced = runtime_server("EchoReward", "--tracing")
         traced.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
         traced.name = "runtime, tracing on"
-        s5 = {"on": record("5 tracing on vs off", traced, drive(32), warm(32))}
+        s5["on"] = record("5 tracing on vs off", traced, drive(32), warm(32))
     finally:
         sink.stop()
-    s5["off"] = s1["runtime"]
 
     print("scenario 6: group reward, 64 trajectories of 3 KB, 8 connections", file=sys.stderr)
     s6 = {
@@ -681,7 +685,8 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled, before=Non
         "",
         "Notes: the SDK server logs a line per request by default; this runtime logs only failed and",
         "slow requests by default. The SDK server has no admission limit for async processors, so in",
-        "scenario 4 it queues every request instead of answering 503. In scenario 5 the OTLP sink",
+        "scenario 4 it queues every request instead of answering 503. Scenario 5 runs tracing off,",
+        "then on, back to back (the ratio's two sides under the same conditions); the OTLP sink",
         "(benchmarks/otlp_sink.py) accepts and discards every export; the spans are encoded (straight",
         "to OTLP protobuf, runtime/otlp_encoding.py) and sent by the runtime's exporter process, which",
         "shares the machine's 2 cores with the worker and wrk. In scenario 6 the",
