@@ -198,7 +198,12 @@ class RecordEncoder:
         """An ExportTraceServiceRequest with every record, grouped by scope in order."""
         by_scope: dict[tuple[str, str | None], list[bytes]] = {}
         for record in records:
-            by_scope.setdefault(record[-1], []).append(_field(0x12, _span(record)))
+            try:
+                span = _field(0x12, _span(record))
+            except Exception as exc:  # (a negative time user code gave): this span only
+                log.warning("span %r left out: %s: %s", record[0], type(exc).__name__, exc)
+                continue
+            by_scope.setdefault(record[-1], []).append(span)
         scope_spans = b"".join(
             _field(0x12, self._scope(scope) + b"".join(spans)) for scope, spans in by_scope.items()
         )

@@ -3,8 +3,8 @@
 Encoding a span to OTLP protobuf costs more CPU than the request it describes, and in
 the worker it would share the GIL with the event loop. So the worker only turns each
 finished span into a plain tuple and appends it to a bounded queue; a sender thread
-ships batches of them through a pipe (marshal, or pickle for values marshal cannot
-write) to one exporter process per worker, which rebuilds the spans and exports them
+ships batches of them through a pipe (plain spans' ints marshalled, other records
+pickled) to one exporter process per worker, which rebuilds the spans and exports them
 with the standard OTLP/HTTP exporter (configured by the ``OTEL_EXPORTER_OTLP_*``
 variables, which it inherits). The split follows the OpenTelemetry Collector: the worker
 is the client, the child is receiver plus exporter.
@@ -46,8 +46,9 @@ SpanRecord = tuple[Any, ...]
 
 # What most spans of a request have in common: (name, kind, scope). A sampled root span of
 # that name, kind and scope with nothing set on it (attributes, events, status, trace
-# state) may travel as the four ints (trace_id, span_id, start_ns, end_ns): marshal writes
-# that in a quarter of the time pickle takes for a whole record, on the worker's GIL.
+# state) may travel as four exact ints (trace_id, span_id, start_ns, end_ns): marshal
+# writes that in a quarter of the time pickle takes for a whole record, on the worker's
+# GIL. (Only those: marshal would write a numpy value as its bytes, without a word.)
 PlainSpan = tuple[str, int, tuple[str, str | None]]
 
 
@@ -143,20 +144,24 @@ class PipeSpanProcessor(SpanProcessor):
         queue = self._queue
         while queue:
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch))]
-            try:
-                sent = self._send(_encode_batch(batch))
-            except Exception as exc:  # a value that cannot be pickled: this batch only
-                self.dropped += len(batch)
-                log.warning(
-                    "%d spans dropped: they cannot be sent to the exporter: %s: %s",
-                    len(batch),
-                    type(exc).__name__,
-                    exc,
-                )
-                continue
-            if not sent:
-                return False
+            for message in self._messages(batch):
+                if not self._send(message):
+                    return False
         return True
+
+    def _messages(self, batch: list[Any]) -> list[bytes]:
+        plain = [record for record in batch if len(record) == 4]
+        records = [record for record in batch if len(record) != 4]
+        messages = [_MARSHAL + marshal.dumps(plain)] if plain else []
+        if records:
+            try:
+                messages.append(_PICKLE + pickle.dumps(records, pickle.HIGHEST_PROTOCOL))
+            except Exception:  # a value that cannot be pickled: only its span is left out
+                kept = [record for record in records if _picklable(record)]
+                self.dropped += len(records) - len(kept)
+                if kept:
+                    messages.append(_PICKLE + pickle.dumps(kept, pickle.HIGHEST_PROTOCOL))
+        return messages
 
     def _send(self, message: bytes) -> bool:
         for attempt in range(2):  # a dead child is replaced once per message
@@ -251,34 +256,35 @@ class PipeSpanProcessor(SpanProcessor):
 
 # --- the pipe's messages: a tag byte, then the body -------------------------------------
 
-_MARSHAL, _PICKLE, _CONTROL = b"m", b"p", b"c"  # spans, spans, (kind, sequence)
+_MARSHAL, _PICKLE, _CONTROL = b"m", b"p", b"c"  # plain spans, records, (kind, sequence)
 _UNSET = (None, (), (), 0, None)  # a plain span's attributes, events, links and status
 
 
-def _encode_batch(batch: list[Any]) -> bytes:
+def _picklable(record: SpanRecord) -> bool:
     try:
-        return _MARSHAL + marshal.dumps(batch)
-    except ValueError:  # a value of a type marshal does not write (an enum, a subclass)
-        return _PICKLE + pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+        pickle.dumps(record, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        log.warning(
+            "span %r left out: it cannot be sent to the exporter: %s: %s",
+            record[0],
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    return True
 
 
-def _decode(message: bytes) -> tuple[bytes, Any]:
+def _decode(message: bytes, plain: PlainSpan | None) -> tuple[bytes, Any]:
+    """The tag, and the body: SpanRecords for spans, (kind, sequence) for control."""
     tag, body = message[:1], memoryview(message)[1:]
-    return tag, marshal.loads(body) if tag == _MARSHAL else pickle.loads(body)
-
-
-def _whole(records: list[Any], plain: PlainSpan | None) -> list[SpanRecord]:
-    """The batch as SpanRecords, each PlainSpan's four ints filled in."""
-    if plain is None:
-        return records
+    if tag != _MARSHAL:
+        return tag, pickle.loads(body)
+    assert plain is not None  # the worker sends plain spans only with their PlainSpan
     name, kind, scope = plain
-    whole = []
-    for record in records:
-        if len(record) == 4:
-            trace_id, span_id, start, end = record
-            record = (name, trace_id, span_id, 1, (), 0, False, kind, start, end, *_UNSET, scope)
-        whole.append(record)
-    return whole
+    return tag, [
+        (name, trace_id, span_id, 1, (), 0, False, kind, start, end, *_UNSET, scope)
+        for trace_id, span_id, start, end in marshal.loads(body)
+    ]
 
 
 # --- the exporter process ----------------------------------------------------------------
@@ -302,12 +308,11 @@ def _exporter_main(
     direct = _encode_directly(trace_exporter, resource)
     while True:
         try:
-            tag, body = _decode(conn.recv_bytes())
+            tag, body = _decode(conn.recv_bytes(), plain)
         except (EOFError, OSError):  # the worker is gone
             break
         if tag != _CONTROL:
-            records = _whole(body, plain)
-            exporter.export(records if direct else _rebuild(records, resource))
+            exporter.export(body if direct else _rebuild(body, resource))
         else:
             exporter.force_flush()
             with contextlib.suppress(OSError):

@@ -49,7 +49,11 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from processors_base.observability._core import BAGGAGE_KEYS, capture, capture_enabled
 from processors_base.observability._spans import record_error
-from processors_base.observability.processor import SPAN_KEY, processor_context
+from processors_base.observability.processor import (
+    SPAN_KEY,
+    processor_context,
+    runtime_opens_processor_spans,
+)
 from processors_base.redaction import redact
 from runtime.span_export import PipeSpanProcessor
 
@@ -72,7 +76,8 @@ _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage k
 
 def _context_functions() -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any], None]]:
     """OpenTelemetry's get_current, attach and detach; for its default runtime context
-    (contextvars), its ContextVar's own methods: six Python calls fewer per request."""
+    (contextvars), its ContextVar's own methods: six Python calls fewer per request. (Read
+    once, as OpenTelemetry loads its runtime context once, when imported.)"""
     runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
     var = getattr(runtime, "_current_context", None)
     if type(runtime) is ContextVarsRuntimeContext and isinstance(var, ContextVar):
@@ -119,6 +124,7 @@ class Tracing:
         self.provider.add_span_processor(self._export)
         self._tracer = _RequestTracer(self.provider, self._export, self._span_name)
         trace.set_tracer_provider(self.provider)  # what user code's instrumentation records to
+        runtime_opens_processor_spans()  # begin() opens them
         self._propagator = CompositePropagator(
             [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
         )
@@ -170,7 +176,7 @@ class Tracing:
         """End what ``begin`` started; ``error``, raised meanwhile, marks the span."""
         if error is not None:
             record_error(span, error)
-        _detach(entered)  # (in begin's task: a token of another context cannot reach here)
+        _detach(entered)  # (begin's token, in begin's task)
         span.end()
 
     @contextmanager
@@ -215,8 +221,8 @@ class _RequestTracer:
         if bits is not None:
             trace_id = bits(128) or ids.generate_trace_id()
             span_id = bits(64) or ids.generate_span_id()
-        else:
-            trace_id, span_id = ids.generate_trace_id(), ids.generate_span_id()
+        else:  # (exact ints: a plain span's travel marshalled)
+            trace_id, span_id = int(ids.generate_trace_id()), int(ids.generate_span_id())
         return _RequestSpan(self._name, trace_id, span_id, self._export)
 
     def start_span(self, context: Any, attributes: dict[str, Any] | None = None) -> Span:
@@ -320,8 +326,11 @@ class _RequestSpan(Span):
             return  # OK is final, as in the SDK
         if isinstance(status, Status):
             self._status = (status.status_code, status.description)
-        else:
+        elif isinstance(status, StatusCode):
             self._status = (status, description if status is StatusCode.ERROR else None)
+        else:  # what user code gives never fails its request, nor loses its span
+            log.warning("span status %r left out: not a Status or StatusCode", status)
+            return
         self._plain = False
 
     def record_exception(
@@ -346,7 +355,7 @@ class _RequestSpan(Span):
     def end(self, end_time: int | None = None) -> None:
         if self._end:
             return
-        self._end = end = end_time or time_ns()
+        self._end = end = int(end_time) if end_time else time_ns()
         if self.trace_flags is _NOT_SAMPLED:
             return  # recorded, never exported (a RECORD_ONLY sampler's), as in the SDK
         export = self._export

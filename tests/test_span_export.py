@@ -215,6 +215,24 @@ def test_values_otlp_cannot_carry_are_left_out_and_nothing_else_is_lost(start_se
     assert server.terminate() == 0
 
 
+def test_careless_tracing_loses_only_what_cannot_travel(start_server, receiver):
+    server = start_server("workspace.fns:CarelessTracingReward", "--tracing", env=_env(receiver))
+    assert server.post(reward_body()).json()["reward"]["reward_score"] == 0.75
+    assert server.post(reward_body()).status_code == 200
+    assert server.terminate() == 0  # flushes everything
+    names = sorted(s["name"] for s in receiver.spans)
+    assert names == ["reward CarelessTracingReward"] * 2 + ["user-np"] * 2
+    for span in receiver.named("reward"):  # numpy values as numbers and text, not bytes
+        assert span["attributes"] == {"score": 0.75, "label": "gpt-4o"}
+        assert span["status"] == 0  # "error" is no status
+    for span in receiver.named("user-np"):
+        assert span["attributes"] == {"score": 0.75}
+    output = server.output()
+    assert "span status 'error' left out" in output
+    assert "span 'unpicklable' left out" in output
+    assert "span 'negative end' left out" in output
+
+
 def test_an_id_that_is_the_api_key_leaves_blanked(start_server, receiver):
     key = "sk-test-1234567890abcdef"
     server = start_server("workspace.fns:LeakyRollout", "--tracing", env=_env(receiver))

@@ -12,6 +12,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -28,12 +29,27 @@ from opentelemetry.trace import (
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled
 
-__all__ = ["observe_processor", "processor_context", "processor_span", "record_output"]
+__all__ = [
+    "observe_processor",
+    "processor_context",
+    "processor_span",
+    "record_output",
+    "runtime_opens_processor_spans",
+]
 
-# The key OpenTelemetry keeps the current span under (read through its public API), and
-# ours marking a processor span's context: both set in one new Context per request.
+# The key OpenTelemetry keeps the current span under (read through its public API).
 SPAN_KEY = next(iter(set_span_in_context(INVALID_SPAN, Context())))
-_IN_PROCESSOR_SPAN = otel_context.create_key("agentic_rl.in_processor_span")
+
+_in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=False)
+_opened_by_runtime = False
+
+
+def runtime_opens_processor_spans() -> None:
+    """The runtime, whose tracing opens every request's processor span itself, says so
+    when tracing starts: ``@observe_processor`` then opens none in this process, even
+    where user code replaced the current context."""
+    global _opened_by_runtime
+    _opened_by_runtime = True
 
 
 _tracers: dict[int, tuple[Any, Any]] = {}
@@ -67,21 +83,22 @@ def processor_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
     token = otel_context.attach(processor_context(span, parent))
+    marked = _in_processor_span.set(True)  # for the task and its threads, whatever context
     try:
         yield span
     except BaseException as exc:
         _spans.record_error(span, exc)
         raise
     finally:
+        _in_processor_span.reset(marked)
         otel_context.detach(token)
         span.end()
 
 
 def processor_context(span: Span, parent: Context) -> Context:
     """``parent`` (the caller's span, the request's baggage) with ``span`` as the current
-    span, marked as a processor span's: every span made under it, in this task or its
-    threads, inherits all three, and ``@observe_processor`` opens no second one."""
-    return Context({**parent, SPAN_KEY: span, _IN_PROCESSOR_SPAN: True})
+    span: every span made under it, in this task or its threads, inherits both."""
+    return Context({**parent, SPAN_KEY: span})
 
 
 def record_output(span: Span, output: Any) -> None:
@@ -108,7 +125,7 @@ def observe_processor(
 
     def open_span(self: Any, input_data: Any) -> Any:
         provider = active_provider(tracer_provider)
-        if provider is None or otel_context.get_value(_IN_PROCESSOR_SPAN):
+        if provider is None or _opened_by_runtime or _in_processor_span.get():
             return None
         func_type = getattr(getattr(self, "func_type", None), "value", None) or _kind_of(self)
         return processor_span(provider, func_type, type(self).__name__, input_data)

@@ -199,6 +199,43 @@ class OddAttributesReward(AbstractRewardProcessor):
         return RewardOutput(reward=Reward(reward_score=1.0))
 
 
+class CarelessTracingReward(AbstractRewardProcessor):
+    """Tracing used as reward code might: numpy values, a status given as a string, a
+    context of its own, a value that cannot be pickled, a span ended at a negative time."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        import numpy as np
+        from opentelemetry import context, trace
+
+        from processors_base import observe_processor
+
+        class Inner(AbstractRewardProcessor):
+            @observe_processor
+            async def process(self, input_data: RewardInput) -> RewardOutput:
+                return RewardOutput(reward=Reward(reward_score=0.0))
+
+        class Local(str):  # a class made here: it cannot be pickled
+            pass
+
+        scores = np.array([0.5, 1.0])
+        span = trace.get_current_span()
+        span.set_attribute("score", scores.mean())
+        span.set_attribute("label", np.str_("gpt-4o"))
+        span.set_status("error")  # type: ignore[arg-type]  (not a Status: left out)
+        tracer = trace.get_tracer("user code")
+        with tracer.start_as_current_span("user-np") as user:
+            user.set_attribute("score", scores.mean())
+        with tracer.start_as_current_span("unpicklable") as odd:
+            odd.set_attribute("local", Local("v"))
+        tracer.start_span("negative end").end(end_time=-5)
+        token = context.attach(context.Context())  # a context without the request's span
+        try:
+            await Inner().process(input_data)  # no second processor span
+        finally:
+            context.detach(token)
+        return RewardOutput(reward=Reward(reward_score=float(scores.mean())))
+
+
 class LazyInput(RewardInput):
     judge: JudgeConfig | None = None  # noqa: F821 (a name only setup() defines: incomplete)
 
