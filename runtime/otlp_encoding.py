@@ -200,7 +200,8 @@ class RecordEncoder:
         for record in records:
             try:
                 span = _field(0x12, _span(record))
-            except Exception as exc:  # (a negative time user code gave): this span only
+                self._scope(record[-1])  # (its name and version written once, here)
+            except Exception as exc:  # (a negative time, a scope version that is no str)
                 log.warning("span %r left out: %s: %s", record[0], type(exc).__name__, exc)
                 continue
             by_scope.setdefault(record[-1], []).append(span)

@@ -32,8 +32,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace.status import StatusCode
 
-__all__ = ["PipeSpanProcessor", "PlainSpan", "SpanRecord", "span_record"]
+__all__ = ["PipeSpanProcessor", "PlainSpan", "SpanRecord", "builtin_value", "span_record"]
 
 log = logging.getLogger("runtime")
 
@@ -52,9 +53,32 @@ SpanRecord = tuple[Any, ...]
 PlainSpan = tuple[str, int, tuple[str, str | None]]
 
 
+_BUILTINS = (bool, str, int, float, bytes)
+
+
+def builtin_value(value: Any) -> Any:
+    """A value of a subclass of a builtin scalar (numpy's float64, an enum) as the builtin
+    itself, and sequences of them: what the exporter process can unpickle without user
+    code's modules, and encode; anything else as it is."""
+    kind = type(value)
+    if kind in _BUILTINS:
+        return value
+    for builtin in _BUILTINS:
+        if isinstance(value, builtin):
+            return builtin(value) if builtin is not str else str.__str__(value)
+    if kind in (list, tuple):
+        return tuple(builtin_value(item) for item in value)
+    return value
+
+
+def _builtins(attributes: Any) -> dict[str, Any]:
+    return {key: builtin_value(value) for key, value in (attributes or {}).items()}
+
+
 def span_record(span: ReadableSpan) -> SpanRecord:
     """An SDK span as a ``SpanRecord`` (runtime.tracing builds its own spans' in place)."""
     context, parent, scope = span.context, span.parent, span.instrumentation_scope
+    code, description = span.status.status_code, span.status.description
     return (
         span.name,
         context.trace_id,
@@ -66,14 +90,14 @@ def span_record(span: ReadableSpan) -> SpanRecord:
         span.kind.value,
         span.start_time or 0,
         span.end_time or 0,
-        dict(span.attributes or {}),
-        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
+        _builtins(span.attributes),
+        [(e.name, _builtins(e.attributes), e.timestamp) for e in span.events],
         [
-            (link.context.trace_id, link.context.span_id, dict(link.attributes or {}))
+            (link.context.trace_id, link.context.span_id, _builtins(link.attributes))
             for link in span.links
         ],
-        span.status.status_code.value,
-        span.status.description,
+        code.value if isinstance(code, StatusCode) else 0,  # (what user code set: never fails)
+        description if isinstance(description, str) else None,
         (scope.name, scope.version) if scope is not None else ("", None),
     )
 
@@ -308,9 +332,16 @@ def _exporter_main(
     direct = _encode_directly(trace_exporter, resource)
     while True:
         try:
-            tag, body = _decode(conn.recv_bytes(), plain)
+            message = conn.recv_bytes()
         except (EOFError, OSError):  # the worker is gone
             break
+        try:
+            tag, body = _decode(message, plain)
+        except Exception as exc:  # (a value that pickles but will not unpickle): this batch
+            logging.warning(
+                "a batch of spans left out: it cannot be read: %s: %s", type(exc).__name__, exc
+            )
+            continue
         if tag != _CONTROL:
             exporter.export(body if direct else _rebuild(body, resource))
         else:

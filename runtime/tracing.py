@@ -55,7 +55,7 @@ from processors_base.observability.processor import (
     runtime_opens_processor_spans,
 )
 from processors_base.redaction import redact
-from runtime.span_export import PipeSpanProcessor
+from runtime.span_export import PipeSpanProcessor, builtin_value
 
 __all__ = ["Tracing"]
 
@@ -197,6 +197,7 @@ class Tracing:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+        runtime_opens_processor_spans(False)
 
 
 class _RequestTracer:
@@ -221,7 +222,7 @@ class _RequestTracer:
         if bits is not None:
             trace_id = bits(128) or ids.generate_trace_id()
             span_id = bits(64) or ids.generate_span_id()
-        else:  # (exact ints: a plain span's travel marshalled)
+        else:  # (exact ints: a plain span's travel marshalled, and the encoder wants them)
             trace_id, span_id = int(ids.generate_trace_id()), int(ids.generate_span_id())
         return _RequestSpan(self._name, trace_id, span_id, self._export)
 
@@ -235,9 +236,9 @@ class _RequestTracer:
                 span.set_attributes(attributes)
             return span
         name, ids = self._name, self._ids
-        trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+        trace_id = parent.trace_id if parent is not None else int(ids.generate_trace_id())
         sampling = self._sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes)
-        span_id = ids.generate_span_id()
+        span_id = int(ids.generate_span_id())
         flags = _SAMPLED if sampling.decision.is_sampled() else _NOT_SAMPLED
         if not sampling.decision.is_recording():
             return NonRecordingSpan(
@@ -295,6 +296,9 @@ class _RequestSpan(Span):
     def set_attribute(self, key: str, value: Any) -> None:
         if self._end:
             return
+        if type(key) is not str or not key:
+            log.warning("span attribute key %r left out: not a non-empty str", key)
+            return
         if type(value) not in _SCALARS:
             value = _attribute_value(key, value)
             if value is None:
@@ -314,7 +318,8 @@ class _RequestSpan(Span):
             if self._events is None:
                 self._events = []
                 self._plain = False
-            self._events.append((name, _kept(attributes or {}), timestamp or time_ns()))
+            when = _nanoseconds(timestamp) if timestamp else time_ns()
+            self._events.append((name, _kept(attributes or {}), when))
 
     def update_name(self, name: str) -> None:
         if not self._end:
@@ -325,12 +330,13 @@ class _RequestSpan(Span):
         if self._end or self._status[0] is StatusCode.OK:
             return  # OK is final, as in the SDK
         if isinstance(status, Status):
-            self._status = (status.status_code, status.description)
-        elif isinstance(status, StatusCode):
-            self._status = (status, description if status is StatusCode.ERROR else None)
-        else:  # what user code gives never fails its request, nor loses its span
+            status, description = status.status_code, status.description
+        if not isinstance(status, StatusCode):  # what user code gives never fails a request
             log.warning("span status %r left out: not a Status or StatusCode", status)
             return
+        if not isinstance(description, str) or status is not StatusCode.ERROR:
+            description = None  # (as the SDK's Status keeps only a str, and only for ERROR)
+        self._status = (status, description)
         self._plain = False
 
     def record_exception(
@@ -355,7 +361,7 @@ class _RequestSpan(Span):
     def end(self, end_time: int | None = None) -> None:
         if self._end:
             return
-        self._end = end = int(end_time) if end_time else time_ns()
+        self._end = end = _nanoseconds(end_time) if end_time else time_ns()
         if self.trace_flags is _NOT_SAMPLED:
             return  # recorded, never exported (a RECORD_ONLY sampler's), as in the SDK
         export = self._export
@@ -386,6 +392,15 @@ class _RequestSpan(Span):
         )
 
 
+def _nanoseconds(time: Any) -> int:
+    """A time user code gave, as the exact int of nanoseconds the encoder writes."""
+    try:
+        return int(time)
+    except (TypeError, ValueError, OverflowError):
+        log.warning("span end time %r left out: not a number of nanoseconds", time)
+        return time_ns()
+
+
 _SCALARS = frozenset((str, bool, int, float))
 _VALUE_TYPES = (str, bool, int, float, bytes)
 
@@ -406,7 +421,7 @@ def _attribute_value(key: str, value: Any) -> Any:
     None allowed); else None, with a warning: what user code sets must never stop the
     export (an object that cannot be pickled) nor change after it was set (a list)."""
     if isinstance(value, _VALUE_TYPES):
-        return value
+        return builtin_value(value)
     if isinstance(value, Sequence):
         kinds = {type(item) for item in value if item is not None}
         if len(kinds) <= 1 and kinds <= set(_VALUE_TYPES):

@@ -546,3 +546,45 @@ def test_capture_never_cuts_a_secret_in_half():
             assert "sk-qq" not in text, budget
     finally:
         request_secrets.reset(token)
+
+
+def test_the_runtime_leaves_observe_processor_as_it_found_it(tmp_path):
+    # While the runtime's tracing runs, it opens every processor span itself; once it is
+    # shut down, @observe_processor with a provider of one's own opens them again.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "library.py"
+    script.write_text(
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "from processors_base import AbstractRewardProcessor, Reward, RewardOutput, "
+        "observe_processor\n"
+        "from runtime.tracing import Tracing\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "class Scorer(AbstractRewardProcessor):\n"
+        "    @observe_processor(tracer_provider=provider)\n"
+        "    def process(self, input_data):\n"
+        "        return RewardOutput(reward=Reward(reward_score=1.0))\n"
+        "if __name__ == '__main__':\n"
+        "    tracing = Tracing('reward', 'Served')\n"
+        "    Scorer().process({'agent_output': {}})\n"
+        "    print(len(exporter.get_finished_spans()))\n"
+        "    tracing.shutdown()\n"
+        "    Scorer().process({'agent_output': {}})\n"
+        "    print([span.name for span in exporter.get_finished_spans()])\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root),
+             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["0", "['reward Scorer']"]

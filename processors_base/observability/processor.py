@@ -44,12 +44,12 @@ _in_processor_span: ContextVar[bool] = ContextVar("in_processor_span", default=F
 _opened_by_runtime = False
 
 
-def runtime_opens_processor_spans() -> None:
+def runtime_opens_processor_spans(opens: bool = True) -> None:
     """The runtime, whose tracing opens every request's processor span itself, says so
-    when tracing starts: ``@observe_processor`` then opens none in this process, even
-    where user code replaced the current context."""
+    when tracing starts (and ``False`` when it stops): ``@observe_processor`` then opens
+    none in this process, even where user code replaced the current context."""
     global _opened_by_runtime
-    _opened_by_runtime = True
+    _opened_by_runtime = opens
 
 
 _tracers: dict[int, tuple[Any, Any]] = {}

@@ -199,13 +199,21 @@ class OddAttributesReward(AbstractRewardProcessor):
         return RewardOutput(reward=Reward(reward_score=1.0))
 
 
+class NeedsTwo(str):
+    """A str that pickles but will not unpickle (its constructor wants two arguments)."""
+
+    def __new__(cls, value: str, extra: str) -> NeedsTwo:
+        return super().__new__(cls, value)
+
+
 class CarelessTracingReward(AbstractRewardProcessor):
-    """Tracing used as reward code might: numpy values, a status given as a string, a
-    context of its own, a value that cannot be pickled, a span ended at a negative time."""
+    """Tracing used as reward code might: numpy values, statuses and keys that are none,
+    a context of its own, values and names that cannot travel, odd times and scopes."""
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         import numpy as np
         from opentelemetry import context, trace
+        from opentelemetry.trace import Status
 
         from processors_base import observe_processor
 
@@ -222,12 +230,17 @@ class CarelessTracingReward(AbstractRewardProcessor):
         span.set_attribute("score", scores.mean())
         span.set_attribute("label", np.str_("gpt-4o"))
         span.set_status("error")  # type: ignore[arg-type]  (not a Status: left out)
+        span.set_status(Status("error"))  # type: ignore[arg-type]  (nor is its code)
+        span.set_attribute(["k"], 1)  # type: ignore[arg-type]  (a key that is no str)
         tracer = trace.get_tracer("user code")
         with tracer.start_as_current_span("user-np") as user:
             user.set_attribute("score", scores.mean())
-        with tracer.start_as_current_span("unpicklable") as odd:
-            odd.set_attribute("local", Local("v"))
+            user.set_attribute("two", NeedsTwo("a", "b"))  # as a str
+            user.set_status(Status("error"))  # type: ignore[arg-type]
+        with tracer.start_as_current_span(Local("unpicklable")):
+            pass
         tracer.start_span("negative end").end(end_time=-5)
+        trace.get_tracer("versioned", 1.0).start_span("bad scope").end()  # type: ignore[arg-type]
         token = context.attach(context.Context())  # a context without the request's span
         try:
             await Inner().process(input_data)  # no second processor span
