@@ -83,7 +83,7 @@ def processor_span(
         f"{func_type} {processor}", context=parent, kind=SpanKind.SERVER, attributes=attrs
     )
     token = otel_context.attach(processor_context(span, parent))
-    marked = _in_processor_span.set(True)  # for the task and its threads, whatever context
+    marked = _in_processor_span.set(True)  # (whatever OpenTelemetry context user code sets)
     try:
         yield span
     except BaseException as exc:
