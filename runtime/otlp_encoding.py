@@ -196,17 +196,17 @@ class RecordEncoder:
 
     def encode(self, records: Iterable[tuple[Any, ...]]) -> bytes:
         """An ExportTraceServiceRequest with every record, grouped by scope in order."""
-        by_scope: dict[tuple[str, str | None], list[bytes]] = {}
+        by_scope: dict[bytes, list[bytes]] = {}  # encoded scope -> its spans
         for record in records:
             try:
+                scope = self._scope(record[-1])
                 span = _field(0x12, _span(record))
-                self._scope(record[-1])  # (its name and version written once, here)
             except Exception as exc:  # (a negative time, a scope version that is no str)
                 log.warning("span %r left out: %s: %s", record[0], type(exc).__name__, exc)
                 continue
-            by_scope.setdefault(record[-1], []).append(span)
+            by_scope.setdefault(scope, []).append(span)
         scope_spans = b"".join(
-            _field(0x12, self._scope(scope) + b"".join(spans)) for scope, spans in by_scope.items()
+            _field(0x12, scope + b"".join(spans)) for scope, spans in by_scope.items()
         )
         resource_spans = self._resource + scope_spans + self._schema
         return _field(0x0A, resource_spans)

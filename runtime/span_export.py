@@ -34,7 +34,14 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace.status import StatusCode
 
-__all__ = ["PipeSpanProcessor", "PlainSpan", "SpanRecord", "builtin_value", "span_record"]
+__all__ = [
+    "SCALAR_TYPES",
+    "PipeSpanProcessor",
+    "PlainSpan",
+    "SpanRecord",
+    "builtin_value",
+    "span_record",
+]
 
 log = logging.getLogger("runtime")
 
@@ -53,7 +60,7 @@ SpanRecord = tuple[Any, ...]
 PlainSpan = tuple[str, int, tuple[str, str | None]]
 
 
-_BUILTINS = (bool, str, int, float, bytes)
+SCALAR_TYPES = (bool, str, int, float, bytes)  # what an attribute value is, or a sequence of
 
 
 def builtin_value(value: Any) -> Any:
@@ -61,9 +68,9 @@ def builtin_value(value: Any) -> Any:
     itself, and sequences of them: what the exporter process can unpickle without user
     code's modules, and encode; anything else as it is."""
     kind = type(value)
-    if kind in _BUILTINS:
+    if kind in SCALAR_TYPES:
         return value
-    for builtin in _BUILTINS:
+    for builtin in SCALAR_TYPES:
         if isinstance(value, builtin):
             return builtin(value) if builtin is not str else str.__str__(value)
     if kind in (list, tuple):

@@ -55,7 +55,7 @@ from processors_base.observability.processor import (
     runtime_opens_processor_spans,
 )
 from processors_base.redaction import redact
-from runtime.span_export import PipeSpanProcessor, builtin_value
+from runtime.span_export import SCALAR_TYPES, PipeSpanProcessor, builtin_value
 
 __all__ = ["Tracing"]
 
@@ -402,7 +402,6 @@ def _nanoseconds(time: Any) -> int:
 
 
 _SCALARS = frozenset((str, bool, int, float))
-_VALUE_TYPES = (str, bool, int, float, bytes)
 
 
 def _kept(attributes: Mapping[str, Any]) -> dict[str, Any]:
@@ -420,11 +419,11 @@ def _attribute_value(key: str, value: Any) -> Any:
     """A value the SDK would keep, copied (a scalar, or a sequence of one scalar type,
     None allowed); else None, with a warning: what user code sets must never stop the
     export (an object that cannot be pickled) nor change after it was set (a list)."""
-    if isinstance(value, _VALUE_TYPES):
+    if isinstance(value, SCALAR_TYPES):
         return builtin_value(value)
     if isinstance(value, Sequence):
         kinds = {type(item) for item in value if item is not None}
-        if len(kinds) <= 1 and kinds <= set(_VALUE_TYPES):
+        if len(kinds) <= 1 and kinds <= set(SCALAR_TYPES):
             return tuple(value)
     log.warning(
         "span attribute %r left out: a %s is no attribute value (a str, bool, int, float, "
