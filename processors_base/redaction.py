@@ -12,30 +12,44 @@ The request's secrets live in a context variable that the runtime sets per reque
 work in the request's task and in the threads it starts sees them. Their encoded forms are
 derived only when some text is actually scrubbed, at most once per request (and once per
 key while it keeps coming, since a job sends the same key with every request).
+
+Scrubbing takes time linear in the text's length, whatever the text (a long run of letters,
+a DNA sequence, a base64 dump). A text that is cut before it is written is cut before it is
+scrubbed (``redact_head``, ``redact_tail``): only the part kept, and a margin past the cut
+so that a secret the cut splits is still recognised whole.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import itertools
+import operator
 import re
 import threading
 from collections.abc import Iterable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, quote_plus
 
 __all__ = [
+    "CUT_MARGIN",
     "REDACTED",
     "Secrets",
     "in_flight",
     "redact",
+    "redact_head",
+    "redact_tail",
     "request_secrets",
     "scrub_credentials",
     "secret_forms",
 ]
 
 REDACTED = "***"
+# How far past a cut a text is scrubbed with the part kept (twice: see redact_head), with
+# the longest form of a secret besides: a credential that the cut splits is recognised whole
+# there (a URL's password only with the "@" after it, a JWT with its second dot).
+CUT_MARGIN = 8192
 
 _MIN_DERIVED = 8  # shorter encoded fragments would blank unrelated text
 
@@ -148,54 +162,220 @@ def secret_forms(secrets: tuple[str, ...]) -> tuple[str, ...]:
     return secrets.forms() if isinstance(secrets, Secrets) else _derive(secrets)
 
 
-_CREDENTIALS = re.compile(
+def _whole(name: str, body: str) -> str:
+    """``body`` matched as a whole and never backtracked into: an atomic group (which
+    Python < 3.11 lacks) made of a lookahead and a back-reference to what it captured."""
+    return f"(?=(?P<{name}>{body}))(?P={name})"
+
+
+class _Shape(NamedTuple):
+    """A credential shape. ``pattern`` starts with the literal ``anchor`` (the regex engine
+    finds it by a fast scan, where an alternation would be tried at every position) and
+    blanks its group ``v``; ``lowered``: it runs on the lower-cased text (a keyword of any
+    case); ``needs``: strings of characters, of each of which the text must hold one (a
+    fast test), else the shape is skipped; ``keyed``: its keyword ends with "=", so its
+    anchor is within _KEYED characters before a "="."""
+
+    needs: tuple[str, ...]
+    anchor: str
+    pattern: re.Pattern[str]
+    lowered: bool
+    keyed: bool
+
+
+def _shape(
+    needs: tuple[str, ...], anchor: str, pattern: str, lowered: bool = True, keyed: bool = False
+) -> _Shape:
+    return _Shape(needs, anchor, re.compile(pattern), lowered, keyed)
+
+
+# Linear time: every run a pattern repeats over is followed by a literal (which the engine
+# checks before it backtracks a step), or taken whole (_whole), or ends the pattern; and no
+# run is scanned from each of its characters (a JWT, whose header may follow anything, is
+# found from its first dot: see _jwts).
+# What ends a value: whitespace (ASCII and Latin-1: a class the engine checks as a bitmap;
+# a value running on over a rarer space only blanks more), quotes, and its separators.
+_SPACE = r"\t-\r \x1c-\x1f\x85\xa0"
+_PARAM = f"""(?P<v>[^&#{_SPACE}"']+)"""  # a query parameter's value
+_CONN = f"""(?P<v>[^;&{_SPACE}"']+)"""  # a connection-string field's value
+_B64URL = "A-Za-z0-9_-"
+_TOKEN = r"A-Za-z0-9\-._~+/"
+_QUERY = ("=", "?&")  # a query parameter: "=" and "?" or "&"
+
+
+def _keyed(needs: tuple[str, ...], anchor: str, pattern: str) -> _Shape:
+    return _shape(needs, anchor, pattern, keyed=True)
+
+
+_SHAPES = (
     # an Authorization value: "Authorization: Bearer x", "'authorization': 'Basic x'", ...
-    r"(?P<auth>(?i:proxy-)?(?i:authorization)[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z]+\s+)?[^\s\"',;}\]]+"
+    _shape(
+        (":=", "zZ"),
+        "authorization",
+        "authorization[\"']?" + _whole("s", r"\s*") + "[:=]" + _whole("t", r"\s*") + "[\"']?"
+        "(?P<v>(?:" + _whole("w", "[a-z]+") + _whole("u", r"\s+") + ")?"
+        f"""[^,;}}\\]{_SPACE}"']+)""",
+    ),
     # a bearer token anywhere
-    r"|(?P<bearer>(?i:bearer)\s+)[A-Za-z0-9\-._~+/]{8,}=*"
-    # the userinfo of a URL: scheme://user:password@host
-    r"|(?P<url>[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@\"']+@"
-    # secret-named query parameters: ?key=..., &access_token=..., &X-Amz-Signature=...
-    r"|(?P<param>[?&](?i:api[_-]?key|key|token|access[_-]?token|password|secret|sig|signature"
-    r"|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&#\s\"']+"
-    # secrets of a connection string: ...;AccountKey=...;Password=...
-    r"|(?P<conn>(?i:accountkey|sharedaccesskey|sharedaccesssignature|password|pwd)=)[^;&\s\"']+"
+    _shape(("bB",), "bearer", "bearer" + _whole("s", r"\s+") + r"(?P<v>[a-z0-9\-._~+/]{8,}=*)"),
     # a "Token" scheme value (with a digit: prose such as "Token generation" stays)
-    r"|(?P<token>\bToken\s+)(?=[A-Za-z\-._~+/]*[0-9])[A-Za-z0-9\-._~+/]{16,}=*"
-    # a JSON Web Token: header.payload.signature, both first parts JSON objects in base64url
-    r"|(?P<jwt>)eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
-    # a PEM private key, whole
-    r"|(?P<pem>)-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"
+    _shape(
+        ("T",),
+        "Token",
+        # the cheapest test first, which most "Token"s fail: 16 characters after a few
+        # spaces (or many: rare, the long way)
+        rf"Token(?=\s{{1,8}}[{_TOKEN}]{{16}}|\s{{9}})(?<!\wToken)"
+        + _whole("s", r"\s+")
+        + "(?P<v>"
+        + _whole("t", r"[A-Za-z\-._~+/]*")
+        + f"[0-9][{_TOKEN}]*=*)",
+        lowered=False,
+    ),
+    # the userinfo of a URL: scheme://user:password@host
+    _shape(
+        (":",),
+        "://",
+        f"""://(?=[^/?#@{_SPACE}"']+@)(?P<v>[^/?#@{_SPACE}"']+)""",
+        lowered=False,
+    ),
+    # secret-named query parameters: ?key=..., &access_token=..., &X-Amz-Signature=...
+    _keyed(_QUERY, "api", "api(?<=[?&]api)[_-]?key=" + _PARAM),
+    _keyed(_QUERY, "access", "access(?<=[?&]access)[_-]?token=" + _PARAM),
+    _keyed(_QUERY, "key=", "key=(?<=[?&]key=)" + _PARAM),
+    _keyed(_QUERY, "token=", "token=(?<=[?&]token=)" + _PARAM),
+    _keyed(_QUERY, "secret=", "secret=(?<=[?&]secret=)" + _PARAM),
+    _keyed(_QUERY, "sig", "sig(?<=[?&]sig)(?:nature)?=" + _PARAM),
+    _keyed(
+        _QUERY,
+        "x-amz-",
+        "x-amz-(?<=[?&]x-amz-)(?:signature|credential|security-token)=" + _PARAM,
+    ),
+    # a password as a query parameter or in a connection string: ...;Password=...
+    _keyed(
+        ("=",),
+        "password=",
+        f"""password=(?P<v>(?<=[?&]password=)[^&#{_SPACE}"']+|[^;&{_SPACE}"']+)""",
+    ),
+    # the other secrets of a connection string: ...;AccountKey=...
+    _keyed(("=",), "accountkey=", "accountkey=" + _CONN),
+    _keyed(("=",), "sharedaccess", "sharedaccess(?:key|signature)=" + _CONN),
+    _keyed(("=",), "pwd=", "pwd=" + _CONN),
 )
+# A JSON Web Token: header.payload.signature, both first parts JSON objects in base64url
+# ("eyJ..."). It is found from its first dot on (".eyJ" is rare: "eyJeyJ..." is not), its
+# header then back from that dot; the search goes on at the payload's second dot, which may
+# start the payload of a JWT whose header this payload is.
+_JWT_PAYLOAD = re.compile(rf"\.eyJ(?=[{_B64URL}]{{4,}}\.)[{_B64URL}]*")
+_B64URL_RUN = re.compile(f"[{_B64URL}]*")
+# A PEM private key, whole (to its END line, else to the end of the text).
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+_PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY-----")
+_SPAN = operator.methodcaller("span", "v")
+_SHORT = 4096  # a text this short is searched for each pattern's anchor first
+_KEYED = 32  # characters before its "=" that hold a keyed shape's anchor, and the [?&]
+_FEW_EQUALS = 256
 
 
-def _may_hold_credentials(text: str) -> bool:
-    return (
-        "://" in text
-        or "uthorization" in text
-        or "UTHORIZATION" in text
-        or "earer" in text
-        or "EARER" in text
-        or ("=" in text and ("?" in text or "&" in text or ";" in text))
-        or "eyJ" in text
-        or "Token" in text
-        or "PRIVATE KEY" in text
-        or "ccountKey" in text
-        or "assword=" in text
-    )
+def _lowered(text: str) -> str:
+    """``text`` lower-cased, each character at its place ("İ", the only character whose
+    lower case is two, as "i"); U+0131 and U+017F (dotless i, long s) as "i" and "s" (a
+    case-insensitive regex matches them so, as the scrubber before this one did)."""
+    if not text.isascii():
+        try:  # Latin-1 (no letter of it lower-cases to ASCII but A-Z): 10 times faster
+            return text.encode("latin-1").lower().decode("latin-1")
+        except UnicodeEncodeError:
+            low = text.lower()
+            if len(low) != len(text):
+                low = text.replace("\u0130", "i").lower()
+            if "\u0131" in low:
+                low = low.replace("\u0131", "i")
+            return low.replace("\u017f", "s") if "\u017f" in low else low
+    return text.lower()
+
+
+def _jwts(text: str) -> list[tuple[int, int]]:
+    """Where the JWTs of ``text`` are: each from the first dot of what may be one."""
+    spans: list[tuple[int, int]] = []
+    backwards = text[::-1]  # the header's run of base64url, back from its dot
+    for payload in _JWT_PAYLOAD.finditer(text):
+        dot, end = payload.span()
+        run = len(text) - _B64URL_RUN.match(backwards, len(text) - dot).end()
+        # the header: the run's first "eyJ" with 4 more characters before the dot
+        start = text.find("eyJ", run, dot - 4) if dot - run >= 7 else -1
+        if start >= 0:
+            end = _B64URL_RUN.match(text, end + 1).end()  # and the signature
+            if spans and start < spans[-1][1]:  # its header is the last one's signature
+                start = spans.pop()[0]
+            spans.append((start, end))
+    return spans
+
+
+def _pem_keys(text: str) -> list[tuple[int, int]]:
+    """Where the PEM private keys of ``text`` are (a BEGIN line found in a regex scan; its END
+    line found in another, from there on)."""
+    spans = []
+    start = text.find("-----BEGIN ")
+    while start >= 0 and (begin := _PEM_BEGIN.search(text, start)) is not None:
+        end = _PEM_END.search(text, begin.end())
+        start = end.end() if end is not None else len(text)
+        spans.append((begin.start(), start))
+    return spans
 
 
 def scrub_credentials(text: str, marker: str = REDACTED) -> str:
-    """Blank credentials recognisable by their shape (Authorization, Bearer, URL userinfo)."""
-
-    if not _may_hold_credentials(text):  # most lines: skip the regex (a few microseconds)
+    """Blank credentials recognisable by their shape (Authorization, Bearer, URL userinfo,
+    ...), in time linear in the length of ``text``. Each shape is looked for in the whole
+    text, and all that any of them finds is blanked (one never hides another's keyword)."""
+    found = [_pem_keys(text)] if "-----BEGIN " in text else []
+    if ".eyJ" in text:
+        found.append(_jwts(text))
+    short = len(text) < _SHORT
+    low = _lowered(text) if short else None
+    near = None
+    for needs, anchor, pattern, lowered, keyed in _SHAPES:
+        if short:  # most lines: no anchor is found, no pattern runs
+            if keyed and "=" not in text:
+                break  # the keyed shapes come last
+            if anchor not in (low if lowered else text):
+                continue
+        elif not all(any(char in text for char in chars) for chars in needs):
+            continue
+        elif lowered and low is None:
+            low = _lowered(text)
+            near = _before_equals(low)
+        if keyed and near is not None and anchor not in near:
+            continue
+        found.append(list(map(_SPAN, pattern.finditer(low if lowered else text))))
+    spans = [some for some in found if some]
+    if not spans:
         return text
+    starts, ends = zip(*(spans[0] if len(spans) == 1 else _union(spans)), strict=True)
+    return marker.join(map(text.__getitem__, map(slice, (0, *ends), (*starts, None))))
 
-    def blank(match: re.Match[str]) -> str:
-        kind = match.lastgroup or ""
-        return match.group(kind) + marker + ("@" if kind == "url" else "")
 
-    return _CREDENTIALS.sub(blank, text)
+def _union(spans: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The spans of all lists (each in order, apart), in order, overlapping ones joined."""
+    union: list[tuple[int, int]] = []
+    for start, end in sorted(itertools.chain.from_iterable(spans)):
+        if union and start < union[-1][1]:
+            if end > union[-1][1]:
+                union[-1] = (union[-1][0], end)
+        else:
+            union.append((start, end))
+    return union
+
+
+def _before_equals(low: str) -> str | None:
+    """The text just before each "=" in ``low``, where a keyed shape's anchor must be (a
+    few short searches instead of a search of the whole text for each); None for many."""
+    if low.count("=") > _FEW_EQUALS:
+        return None
+    before = []
+    at = low.find("=")
+    while at >= 0:
+        before.append(low[max(0, at - _KEYED) : at + 1])
+        at = low.find("=", at + 1)
+    return "\n".join(before)
 
 
 def redact(
@@ -206,11 +386,59 @@ def redact(
 ) -> str:
     """``text`` with the request's secrets (all their forms) and, unless ``credentials`` is
     false, credential-shaped values blanked. ``secrets`` defaults to the current request's."""
-    found = request_secrets.get() if secrets is None else secrets
-    if not found and secrets is None:  # no request's context here: all requests' secrets
-        found = in_flight.snapshot
+    found = _secrets(secrets)
     if found:
         for form in secret_forms(found):
             if form in text:
                 text = text.replace(form, marker)
     return scrub_credentials(text, marker) if credentials else text
+
+
+def redact_head(
+    text: str,
+    limit: int,
+    secrets: tuple[str, ...] | None = None,
+    marker: str = REDACTED,
+    credentials: bool = True,
+) -> str:
+    """``redact(text)`` cut to at most ``limit`` characters from its start, scrubbing only
+    that and twice ``CUT_MARGIN`` more of ``text``: the first margin so that a secret the
+    cut splits is recognised whole; the second holds what is left of a secret the end of
+    the scrubbed part splits, never kept (so less is kept where blanking shortened the
+    text by more than a margin)."""
+    found = _secrets(secrets)
+    margin = _margin(found)
+    if len(text) <= limit + 2 * margin:
+        return redact(text, found, marker, credentials)[:limit]
+    scrubbed = redact(text[: limit + 2 * margin], found, marker, credentials)
+    return scrubbed[: max(0, min(limit, len(scrubbed) - margin))]
+
+
+def redact_tail(
+    text: str,
+    limit: int,
+    secrets: tuple[str, ...] | None = None,
+    marker: str = REDACTED,
+    credentials: bool = True,
+) -> str:
+    """``redact(text)`` cut to at most ``limit`` characters from its end: ``redact_head``
+    from the other side."""
+    found = _secrets(secrets)
+    margin = _margin(found)
+    if len(text) <= limit + 2 * margin:
+        scrubbed = redact(text, found, marker, credentials)
+        return scrubbed[max(0, len(scrubbed) - limit) :]
+    scrubbed = redact(text[len(text) - limit - 2 * margin :], found, marker, credentials)
+    return scrubbed[max(margin, len(scrubbed) - limit) :]
+
+
+def _secrets(secrets: tuple[str, ...] | None) -> tuple[str, ...]:
+    if secrets is not None:
+        return secrets
+    # no request's context here (a thread of the user's): every request's secrets
+    return request_secrets.get() or in_flight.snapshot
+
+
+def _margin(secrets: tuple[str, ...]) -> int:
+    forms = secret_forms(secrets) if secrets else ()
+    return CUT_MARGIN + (len(forms[0]) if forms else 0)  # forms: longest first

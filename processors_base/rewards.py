@@ -23,12 +23,16 @@ Whether each runs async is decided when it is called (``processors_base.dispatch
 A failed sub-reward (it raised, returned a non-finite score, or returned status
 ``failed``) is never silent: it is logged with its traceback (once per
 ``SubRewardErrors.log_every`` seconds per sub-reward), reported to the runtime's
-counter, and marked ``"<name>.failed": 1.0`` in the default result. An aggregate sees
+counter, and marked ``"<name>.failed": 1.0`` in the default result; the failures left
+out meanwhile are counted, and their number is logged when that interval ends. An aggregate sees
 what the SDK's sees (for one that raised: score 0.0, ``reward_metrics={}``,
 ``error=str(exc)``). What it does to the result is the mode: ``zero`` (the SDK's
-semantics: it counts with its score, 0 for one that raised) or ``fail`` (the whole result
-fails with ``SUB_REWARD_ERROR``, naming each failed one). A sub-reward that returns no
-reward at all (None) raises ``InvalidSubRewardOutput`` out of ``process``.
+semantics: it counts with its score, 0 for one that raised), ``fail`` (the whole result
+fails with ``SUB_REWARD_ERROR``, naming each failed one) or ``renormalize`` (it is left
+out of the weighted sum and the weights of the others are scaled to the same sum, marked
+``"renormalized": 1.0``; with nothing left to carry the weight, the result fails as with
+``fail``). A sub-reward that returns no reward at all (None) raises
+``InvalidSubRewardOutput`` out of ``process``.
 """
 
 from __future__ import annotations
@@ -103,10 +107,13 @@ class SubRewardErrors:
     and its counter) as the instance's ``_runtime_sub_reward_errors``; without a runtime,
     a default one (mode ``zero``) is made on first use. ``on_failure(name)`` is called for
     every failure; the log line with the traceback at most once per ``log_every`` seconds
-    per sub-reward name, so a broken judge cannot flood the log.
+    per sub-reward name, so a broken judge cannot flood the log. That line opens a window
+    of ``log_every`` seconds: the failures within it are counted, and the count is logged
+    when the window closes (a timer thread, started by the first failure left out; or
+    ``flush()``, at the runtime's shutdown), with the window's true length.
     """
 
-    MODES = ("zero", "fail")
+    MODES = ("zero", "fail", "renormalize")
 
     def __init__(
         self,
@@ -115,41 +122,83 @@ class SubRewardErrors:
         log_every: float = 60.0,
     ) -> None:
         if mode not in self.MODES:
-            raise ValueError(f"sub-reward errors mode must be zero or fail, not {mode!r}")
+            raise ValueError(
+                f"sub-reward errors mode must be zero, fail or renormalize, not {mode!r}"
+            )
         self.mode = mode
         self.on_failure = on_failure
         self.log_every = log_every
         self._lock = threading.Lock()
-        self._logged_at: dict[str, float] = {}
-        self._unlogged: dict[str, int] = {}
+        self._windows: dict[str, _Window] = {}  # by sub-reward name: since its logged failure
 
     def report(self, processor: str, name: str, error: str, exc: BaseException | None) -> None:
         if self.on_failure is not None:
             self.on_failure(name)
         now = time.monotonic()
         with self._lock:
-            last = self._logged_at.get(name)
-            if last is not None and now - last < self.log_every:
-                self._unlogged[name] = self._unlogged.get(name, 0) + 1
+            window = self._windows.get(name)
+            if window is not None and now - window.opened < self.log_every:
+                window.unlogged += 1
+                if window.timer is None:
+                    window.timer = threading.Timer(
+                        window.opened + self.log_every - now, self._close, (name, window)
+                    )
+                    window.timer.daemon = True
+                    window.timer.start()
                 return
-            self._logged_at[name] = now
-            unlogged = self._unlogged.pop(name, 0)
-        effect = "it scores 0" if self.mode == "zero" else "the result is failed"
-        more = (
-            f" ({unlogged} more failures of it were not logged in the last {self.log_every:g}s)"
-            if unlogged
-            else ""
-        )
+            self._windows[name] = _Window(processor, now)
+        if window is not None:  # over, its timer not run yet: its count before this line
+            self._close(name, window)
+        effect = _EFFECTS[self.mode]
         log.error(
-            "sub-reward %r of %s failed (%s): %s%s",
+            "sub-reward %r of %s failed (%s): %s",
             name,
             processor,
             effect,
             error,
-            more,
             exc_info=(type(exc), exc, _user_frames(exc.__traceback__)) if exc is not None else None,
         )
 
+    def flush(self) -> None:
+        """Log the count of every window's failures left out so far (at shutdown)."""
+        with self._lock:
+            windows = list(self._windows.items())
+        for name, window in windows:
+            self._close(name, window)
+
+    def _close(self, name: str, window: _Window) -> None:
+        with self._lock:
+            if self._windows.get(name) is window:
+                del self._windows[name]
+            if window.timer is not None:
+                window.timer.cancel()
+            unlogged, window.unlogged = window.unlogged, 0  # logged once, whoever closes it
+        if unlogged:
+            log.error(
+                "sub-reward %r of %s: %d more %s in the %.1fs after the one logged, not "
+                "logged one by one",
+                name,
+                window.processor,
+                unlogged,
+                "failure" if unlogged == 1 else "failures",
+                time.monotonic() - window.opened,
+            )
+
+
+@dataclass
+class _Window:
+    processor: str
+    opened: float  # time.monotonic() of its logged failure
+    unlogged: int = 0
+    timer: threading.Timer | None = None
+
+
+_EFFECTS = {
+    "zero": "it scores 0",
+    "fail": "the result is failed",
+    "renormalize": "it is left out, the weights of the others renormalised",
+}
+RENORMALIZED = "renormalized"  # the metric that marks a renormalised result
 
 # Frames of the machinery that called the sub-reward: left out of its logged traceback.
 _CALLERS = ("processors_base.", "runtime.", "anyio.", "asyncio.", "concurrent.", "threading")
@@ -352,24 +401,52 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
     outputs = {sub.name: results[sub.name].output for sub in subs}  # the SDK's order
 
     failed = [name for name in outputs if results[name].detail is not None]
+    scale: float | None = None  # renormalising: the factor of the weights left
     if failed:
         errors = _errors_of(self)
         messages = [_reported(errors, self, name, results[name]) for name in failed]
-        if errors.mode == "fail":
+        if errors.mode == "renormalize":
+            if len(failed) < len(outputs):  # an aggregate weighs them itself
+                scale = 1.0 if registry.aggregate else _scale(self, outputs, failed)
+            if scale is None:
+                messages.append("no sub-reward that succeeded carries weight to renormalise")
+        if errors.mode == "fail" or (errors.mode == "renormalize" and scale is None):
             return RewardOutput(
                 reward=Reward(reward_score=0.0, reward_metrics=_metrics(self, outputs, failed)),
                 status=TaskStatus.FAILED,
                 error="; ".join(messages),
                 error_code=SUB_REWARD_ERROR,
             )
-    if registry.aggregate is not None:
+    if registry.aggregate is not None:  # it decides, seeing the failed outputs (as zero)
         return await dispatch.call(self, registry.aggregate, outputs)
+    if scale is not None:
+        kept = {name: output for name, output in outputs.items() if name not in failed}
+        metrics = _metrics(self, outputs, failed)
+        metrics[RENORMALIZED] = 1.0
+        return RewardOutput(
+            reward=Reward(reward_score=self.get_total(kept) * scale, reward_metrics=metrics)
+        )
     return RewardOutput(
         reward=Reward(
             reward_score=self.get_total(outputs),
             reward_metrics=_metrics(self, outputs, failed) or None,  # none at all: as the SDK
         )
     )
+
+
+def _scale(self: Any, outputs: dict[str, RewardOutput], failed: list[str]) -> float | None:
+    """What the weights of the sub-rewards that succeeded (some did) are multiplied by to
+    sum as all the weights did; None when theirs sum to 0 or to the other sign of the
+    whole (scaling would then turn a penalty into a bonus), or the whole to 0 (scaling
+    would erase what is left: a bonus whose penalty failed scored 0.0 as a success)."""
+    weights = self.get_weights()
+    whole = sum(weights.get(name, 0.0) for name in outputs)
+    left = sum(weights.get(name, 0.0) for name in outputs if name not in failed)
+    if left == whole:  # the failed ones weigh nothing (0.0 / 0.0 included)
+        return 1.0
+    if left == 0 or whole / left <= 0:
+        return None
+    return whole / left
 
 
 def _reported(errors: SubRewardErrors, processor: Any, name: str, outcome: _Outcome) -> str:

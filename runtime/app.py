@@ -25,14 +25,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from processors_base.models import TaskStatus
 from processors_base.observability.processor import record_output
 from processors_base.redaction import in_flight
 from runtime import errors
 from runtime.admission import Admission
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
-from runtime.logs import RequestLog, bind_secrets
-from runtime.metrics import CONTENT_TYPE_LATEST, Metrics
+from runtime.logs import RequestLog, bind_request, bind_secrets
+from runtime.metrics import CONTENT_TYPE_LATEST, OTHER, Metrics
 from runtime.protocol import REJECTED
 from runtime.sdk_alias.parsers import parser_for
 from runtime.sending import WHOLE_RESPONSE, split_whole_responses
@@ -74,7 +75,7 @@ class FunctionApp:
         self.on_ready: Callable[[], None] | None = None
         self.stuck_tasks = 0  # async requests that ignored their cancellation and run on
         self._live: set[_Interrupt] = set()  # requests being served
-        self._request_log = RequestLog(function.func_type.value, settings)
+        self.request_log = RequestLog(function.func_type.value, settings)
         self._timeout = settings.timeout
         self._max_body = settings.max_body
         self._body_timeout = settings.body_timeout
@@ -163,6 +164,7 @@ class FunctionApp:
                         type(exc).__name__,
                         exc,
                     )
+                self.function.sub_reward_errors.flush()  # failures not logged one by one
                 if self.tracing is not None:  # export what is left, within a bound
                     with anyio.move_on_after(10):
                         await anyio.to_thread.run_sync(
@@ -277,6 +279,7 @@ class FunctionApp:
         function = self.function
         input_data = None
         interrupt = _Interrupt(self, send, scope, started)
+        bind_request(interrupt)  # its scope and input_data: the ids of this request's lines
         # Error answers go through interrupt.send, which drops them once _overdue has sent the
         # 504; a 200 never can come after it (its deadline was cancelled first), so it
         # keeps the direct path.
@@ -298,7 +301,8 @@ class FunctionApp:
                 try:
                     tracing = self.tracing
                     if tracing is None:
-                        output = function.serialise(await function.call(input_data))
+                        result = await function.call(input_data)
+                        output = function.serialise(result)
                     else:  # inline, not a coroutine of its own: this is every request's path
                         span, entered = tracing.begin(scope, input_data)
                         try:
@@ -312,6 +316,8 @@ class FunctionApp:
                 finally:
                     interrupt.release_slot()  # admission.release_slot(), once
                 interrupt.close()
+                if (failed := _failed_result(result)) is not None:
+                    code, message = failed  # answered 200 all the same: counted and logged
             except asyncio.CancelledError:
                 if not interrupt.reason:
                     if self.state != DRAINING:
@@ -376,6 +382,7 @@ class FunctionApp:
             log.exception("internal error while ending a cancelled request")
 
     async def _answer_overdue(self, interrupt: _Interrupt) -> None:
+        bind_request(interrupt)  # this task's context came from whichever request set the timer
         task = interrupt.task
         assert task is not None
         reason = interrupt.reason
@@ -447,11 +454,11 @@ class FunctionApp:
             status, code = rejected
             message = "the connection was answered and closed by the HTTP layer"
             error = None
-        self.metrics.observe(status, elapsed)
-        if status != 200:
-            self._request_log.failure(scope, status, elapsed, code, message, input_data, error)
-        elif self._request_log.wants(elapsed):
-            self._request_log.success(scope, elapsed, input_data)
+        self.metrics.observe(status, elapsed, code)
+        if status != 200 or code:  # RequestLog.answered, inline on the hot path
+            self.request_log.failure(scope, status, elapsed, code, message, input_data, error)
+        elif self.request_log.wants(elapsed):
+            self.request_log.success(scope, elapsed, input_data)
 
     async def read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
         """Read within --body-timeout, holding (in the admission's body budget) the bytes
@@ -568,6 +575,25 @@ class FunctionApp:
 
     async def _method_not_allowed(self, request: Request) -> Response:
         raise HTTPException(405, headers={"Allow": "POST"})
+
+
+def _failed_result(result: Any) -> tuple[str, str] | None:
+    """(error code, error) of a result of status failed (OTHER when it names no code); None
+    for a success. The result is process()'s, already checked by ``Function.serialise``:
+    an output model, one of another package (the SDK's), or a dict of its shape."""
+    if type(result) is dict:
+        status, code, error = (result.get(k) for k in ("status", "error_code", "error"))
+    else:
+        status = getattr(result, "status", None)
+        if status is _SUCCESS:
+            return None
+        code, error = getattr(result, "error_code", None), getattr(result, "error", None)
+    if getattr(status, "value", status) != "failed":
+        return None
+    return str(code) if code else OTHER, str(error) if error else ""
+
+
+_SUCCESS = TaskStatus.SUCCESS
 
 
 class _Interrupt:

@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:
         _fail(2, str(exc))
-    if settings.sub_reward_errors == "fail" and sdk_compat.runs_the_sdks_reward_processing(
+    if settings.sub_reward_errors != "zero" and sdk_compat.runs_the_sdks_reward_processing(
         target.cls
     ):
         _fail(2, sdk_compat.SDK_REWARD_PROCESSING)

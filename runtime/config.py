@@ -55,6 +55,8 @@ class Settings:
     ground_truth_field: str = "expected_answer"
     # OpenRLHF: end-of-turn tokens stripped from the end of a response, comma-separated
     trainer_end_tokens: str = "<|im_end|>,<|endoftext|>,</s>,<|eot_id|>,<|end_of_text|>,<|end|>"
+    # OpenRLHF: samples in one request; a batch at the limit costs about one --max-body body
+    trainer_max_samples: int = 8192
     # replicas: --ray (runtime.ray_serve), and the autoscaler of `manifests`
     ray: bool = False
     replicas: str = "1"
@@ -130,8 +132,8 @@ def _isolation(text: str) -> str:
 
 def _sub_reward_errors(text: str) -> str:
     lowered = text.strip().lower()
-    if lowered not in ("zero", "fail"):
-        raise ValueError("must be zero or fail")
+    if lowered not in ("zero", "fail", "renormalize"):
+        raise ValueError("must be zero, fail or renormalize")
     return lowered
 
 
@@ -225,9 +227,10 @@ OPTIONS: tuple[Option, ...] = (
            "child processes per worker with --isolation process; 0: as many as the CPUs "
            "this process may use (CPU affinity and cgroup quota)", "N"),
     Option("--sub-reward-errors", "sub_reward_errors", ("SUB_REWARD_ERRORS",), _sub_reward_errors,
-           "a sub-reward that raises: zero (scores 0, the result succeeds, as in the SDK) or "
-           "fail (the whole result fails with SUB_REWARD_ERROR); logged and counted either way",
-           "{zero,fail}"),
+           "a sub-reward that fails: zero (scores 0, the result succeeds, as in the SDK), "
+           "fail (the whole result fails with SUB_REWARD_ERROR) or renormalize (it is left out "
+           "and the weights of the others scaled to the same sum; all failed: fail); logged "
+           "and counted either way", "{zero,fail,renormalize}"),
     Option("--timeout", "timeout", ("REQUEST_TIMEOUT",), _seconds,
            "per-request deadline in seconds, queueing included; then 504", "SECONDS"),
     Option("--grace", "grace", ("GRACE_PERIOD",), _seconds,
@@ -271,6 +274,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--trainer-end-tokens", "trainer_end_tokens", ("TRAINER_END_TOKENS",), str,
            "OpenRLHF: special tokens stripped from the end of a response, comma-separated "
            "(empty: keep them)", "TOKENS"),
+    Option("--trainer-max-samples", "trainer_max_samples", ("TRAINER_MAX_SAMPLES",), _int(1),
+           "OpenRLHF: most samples in one request; beyond it, 413. A batch at the limit "
+           "holds as much of the body budget as a whole body of the largest size", "N"),
     Option("--ray", "ray", ("SERVE_ON_RAY",), _bool,
            "serve on Ray Serve: join the cluster at RAY_ADDRESS, or start a local one "
            "(pip install -e '.[ray]')", "{true,false}", bare=True),

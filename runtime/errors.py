@@ -9,6 +9,7 @@ or 504 body also has the function's output shape (see ``Function.failure``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -59,12 +60,18 @@ def safe_text(text: str) -> str:
 MAX_MESSAGE = 8 * 1024  # characters of a message in a body (it is there three times)
 
 
-def cap(message: str, limit: int = MAX_MESSAGE) -> str:
-    """``message`` cut to ``limit`` characters, marked as cut (a huge exception message would
-    otherwise make a body three times its size)."""
+def cap(
+    message: str, limit: int = MAX_MESSAGE, head: Callable[[str, int], str] | None = None
+) -> str:
+    """``message`` in at most ``limit`` characters, a longer one cut and marked as cut (a
+    huge exception message would otherwise make a body three times its size). ``head(text,
+    n)``: what is kept of a longer one, at most ``n`` characters from its start; one that
+    scrubs (``redaction.redact_head``) scrubs no more than it keeps."""
     if len(message) <= limit:
         return message
-    return f"{message[:limit]}... [{len(message) - limit} characters cut]"
+    kept = limit - len(f"... [{len(message)} characters cut]")  # the mark fits in the limit
+    start = message[:kept] if head is None else head(message, kept)
+    return f"{start}... [{len(message) - kept} characters cut]"
 
 
 def describe(exc: BaseException) -> str:

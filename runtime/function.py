@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from processors_base import dispatch
 from processors_base.models import BaseDataModel, TaskStatus
-from processors_base.redaction import Secrets, request_secrets
+from processors_base.redaction import Secrets, redact_head, request_secrets
 from processors_base.redaction import redact as redact_text
 from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors
 from runtime import errors
@@ -27,7 +28,7 @@ from runtime.finite import constant_in, finder_for, strict_serializer
 from runtime.loading import Target
 from runtime.offload import ProcessOffload, ThreadOffload, UserThreads
 
-__all__ = ["Function", "ProcessorFailure", "RequestError"]
+__all__ = ["Function", "ProcessorFailure", "RequestError", "invalid_input"]
 
 
 class RequestError(Exception):
@@ -37,6 +38,7 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+        self.detail = detail
         self.body = errors.error_body(code, message, detail)
 
 
@@ -178,11 +180,8 @@ class Function:
                 return self.input_model.__pydantic_validator__.validate_python(data)
             return self.input_model.model_validate(data)
         except ValidationError as exc:
-            raise RequestError(
-                422,
-                errors.INVALID_INPUT,
-                f"request body does not fit {self.input_model.__name__}: {_summary(exc)}",
-                _details(exc),
+            raise invalid_input(
+                f"request body does not fit {self.input_model.__name__}", exc
             ) from None
 
     async def process(self, input_data: BaseDataModel) -> bytes:
@@ -194,12 +193,14 @@ class Function:
         try:
             result = await dispatch.call(self.processor, "process", input_data, self.offload)
         except InvalidSubRewardOutput as exc:  # a sub-reward returned None (a missing return)
-            raise ProcessorFailure(errors.INVALID_OUTPUT, redact(str(exc), input_data)) from exc
+            message = redact_message(str(exc), input_data)
+            raise ProcessorFailure(errors.INVALID_OUTPUT, message) from exc
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: a failed request
             if _cancelled(exc):
                 raise
             message = errors.describe(exc)
-            raise ProcessorFailure(errors.PROCESSOR_ERROR, redact(message, input_data)) from exc
+            message = redact_message(message, input_data)
+            raise ProcessorFailure(errors.PROCESSOR_ERROR, message) from exc
         return result
 
     def serialise(self, result: Any) -> bytes:
@@ -242,10 +243,11 @@ class Function:
                 "JSON has no NaN or Infinity",
             )
         # A failed output's error text (a sub-reward's failure, or one process() returned
-        # itself) leaves in a body: blanked of secrets like the runtime's own error messages.
+        # itself) leaves in a body: blanked of secrets like the runtime's own error messages,
+        # and cut as they are (before it is scrubbed: it may quote a huge answer).
         error = result.__dict__.get("error")
         if error and isinstance(error, str):
-            cleaned = redact(error, None)
+            cleaned = redact_message(error, None)
             if cleaned != error:
                 result = result.model_copy(update={"error": cleaned})
         return result
@@ -273,8 +275,14 @@ class Function:
     def failure(self, code: str, message: str) -> bytes:
         """The output shape with status "failed", for a request the processor could not serve.
         Its message is blanked of the request's secrets here too, whoever built it."""
-        message = redact(message, None)
+        message = redact_message(message, None)
         return orjson.dumps({**self.failure_template, **errors.fields(code, message)})
+
+
+def invalid_input(what: str, exc: ValidationError) -> RequestError:
+    """A 422 ``INVALID_INPUT``: ``what`` with each offending field and why, never its value
+    (it may be, or hold, a secret)."""
+    return RequestError(422, errors.INVALID_INPUT, f"{what}: {_summary(exc)}", _details(exc))
 
 
 def usable_cpus() -> int:
@@ -300,6 +308,15 @@ def redact(message: str, input_data: Any) -> str:
     (Authorization, Bearer, URL userinfo) out of a message before it leaves the process."""
     secrets = request_secrets.get() or Secrets.of(input_data)  # the app bound them already
     return redact_text(message, secrets, marker="**********")
+
+
+def redact_message(message: str, input_data: Any) -> str:
+    """``redact`` of a message for an error body, cut to what a body shows (errors.cap)
+    before it is scrubbed: a huge message is never scrubbed whole."""
+    if len(message) <= errors.MAX_MESSAGE:  # whole (blanking may lengthen it: fields() cuts)
+        return redact(message, input_data)
+    secrets = request_secrets.get() or Secrets.of(input_data)
+    return errors.cap(message, head=partial(redact_head, secrets=secrets, marker="**********"))
 
 
 def _failure_template(output_model: type[BaseModel]) -> dict[str, Any]:

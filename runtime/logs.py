@@ -10,6 +10,12 @@ scrubbed in the thread that logs it, before it is queued: the current request's 
 recognisable by their shape (``Authorization``, ``Bearer``, URL userinfo). Control
 characters are escaped, so no text from a request can forge a line or colour a terminal.
 ``--log-format json`` writes one JSON object per line, the request's ids as fields.
+
+Every line logged while a request is handled (in its task, the tasks it starts and user
+code's threads, which run in its context) carries the request's ids: the app binds the
+request once (:func:`bind_request`), and the ids are read from it only when a line is
+written. Third-party HTTP clients' per-call INFO lines are left out unless the level is
+DEBUG (:func:`quiet_libraries`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 import sys
 import threading
 import traceback
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -35,13 +42,16 @@ import orjson
 import processors_base
 import runtime
 from processors_base.models import BaseDataModel
-from processors_base.redaction import Secrets, redact, request_secrets
+from processors_base.redaction import Secrets, redact, redact_head, redact_tail, request_secrets
 from runtime.errors import safe_text
 
 __all__ = [
     "RequestLog",
+    "bind_input",
+    "bind_request",
     "bind_secrets",
     "logging_settings",
+    "quiet_libraries",
     "setup_logging",
     "user_traceback",
 ]
@@ -49,9 +59,14 @@ __all__ = [
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _listener: logging.handlers.QueueListener | None = None
 _settings: tuple[str, str] | None = None  # (level, format) this process logs with
-_MAX_TRACEBACK = 16_000  # characters of one record's traceback; the middle is cut
+_MAX_TEXT = 16_000  # characters of a record's message, and of its traceback; the middle is cut
 ID_LIMIT = 128  # characters of one id in a request line
 MASK = "**********"  # what a secret becomes in a log line, as in an error body
+# Libraries that log every HTTP call at INFO (a judge's 2,000 calls: 2,000 lines).
+CHATTY_LIBRARIES = ("httpx", "httpcore", "urllib3", "openai")
+# The request being handled in this context: anything with the ASGI ``scope`` and, once
+# parsed, ``input_data`` (the app binds its per-request state: nothing made per request).
+_request: ContextVar[Any] = ContextVar("logged_request", default=None)
 
 
 def bind_secrets(input_data: Any) -> Secrets:
@@ -63,6 +78,34 @@ def bind_secrets(input_data: Any) -> Secrets:
     if secrets:
         request_secrets.set(secrets)
     return secrets
+
+
+def bind_request(request: Any) -> None:
+    """Put the ids of ``request`` (its ``scope``'s headers, its ``input_data``'s
+    request_metadata, read when a line is written) on every line logged from now on in
+    this context: the request's task, and the tasks and user-code threads it starts."""
+    _request.set(request)
+
+
+def bind_input(input_data: Any) -> None:
+    """:func:`bind_request` for a call known by its input alone (in an isolation process,
+    where the request's headers never come): its request_metadata ids."""
+    _request.set(_Input(input_data))
+
+
+class _Input:
+    __slots__ = ("input_data",)
+    scope: dict[str, Any] = {}  # no headers
+
+    def __init__(self, input_data: Any) -> None:
+        self.input_data = input_data
+
+
+def quiet_libraries(level: int) -> None:
+    """HTTP clients' per-call INFO lines (``HTTP Request: POST ...``) only at DEBUG."""
+    quiet = logging.NOTSET if level <= logging.DEBUG else logging.WARNING
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def setup_logging(level: str, log_format: str = "text") -> None:
@@ -87,6 +130,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
             logging.getLogger(name).handlers[:] = []
             logging.getLogger(name).propagate = True
     logging.getLogger().setLevel(numeric)
+    quiet_libraries(numeric)
     _settings = (level, log_format)
 
 
@@ -119,7 +163,7 @@ class _Redact(logging.Filter):
             message = record.getMessage()
         except Exception:  # a bad format string still gets logged, never raises here
             message = f"{record.msg!r} {record.args!r}"
-        record.msg, record.args = redact(message, marker=MASK), None
+        record.msg, record.args = _cap(message), None
         if record.exc_info:
             if isinstance(record.exc_info, _UserError):
                 record.exc_text = user_traceback(record.exc_info[1]).rstrip("\n")
@@ -127,7 +171,7 @@ class _Redact(logging.Filter):
                 record.exc_text = _PLAIN.formatException(record.exc_info)
             record.exc_info = None
         if record.exc_text:
-            record.exc_text = _cap(redact(record.exc_text, marker=MASK))
+            record.exc_text = _cap(record.exc_text)
         if record.stack_info:
             record.stack_info = redact(record.stack_info, marker=MASK)
         fields = getattr(record, "fields", None)
@@ -136,6 +180,9 @@ class _Redact(logging.Filter):
                 key: redact(value, marker=MASK) if isinstance(value, str) else value
                 for key, value in fields.items()
             }
+        elif (request := _request.get()) is not None:  # request lines carry theirs already
+            ids = _ids(request.scope, getattr(request, "input_data", None))
+            record.request_ids = {key: redact(value, marker=MASK) for key, value in ids.items()}
         return True
 
 
@@ -143,10 +190,13 @@ _PLAIN = logging.Formatter()
 
 
 def _cap(text: str) -> str:
-    if len(text) <= _MAX_TRACEBACK:
-        return text
-    half = _MAX_TRACEBACK // 2
-    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+    """``text`` scrubbed, its middle cut past _MAX_TEXT: cut before it is scrubbed, so a
+    record costs the logging thread (the event loop, for async code) a bounded time."""
+    if len(text) <= _MAX_TEXT:
+        return redact(text, marker=MASK)
+    half = _MAX_TEXT // 2
+    head, tail = redact_head(text, half, marker=MASK), redact_tail(text, half, marker=MASK)
+    return f"{head}\n... [{len(text) - 2 * half} characters cut] ...\n{tail}"
 
 
 class _Queued(logging.handlers.QueueHandler):
@@ -155,6 +205,14 @@ class _Queued(logging.handlers.QueueHandler):
 
 
 class _TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        text = super().formatMessage(record)
+        ids = getattr(record, "request_ids", None)
+        if not ids:
+            return text
+        first, newline, rest = text.partition("\n")  # on the record's first line
+        return f"{first}{_text(ids)}{newline}{rest}"
+
     def format(self, record: logging.LogRecord) -> str:
         text = _CONTROL.sub(_escape_one, super().format(record))
         # continuation lines (a traceback) are indented: only a record starts a line
@@ -172,7 +230,7 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        fields = getattr(record, "fields", None)
+        fields = getattr(record, "fields", None) or getattr(record, "request_ids", None)
         if fields:
             entry.update(fields)
         if record.exc_text:
@@ -237,7 +295,8 @@ def _trim_text(text: str) -> str:
 
 
 class RequestLog:
-    """One line per failed, slow or (with --access-log) every request on /api/v1."""
+    """One line per failed, slow or (with --access-log) every request on /api/v1 and the
+    trainer routes; a 200 whose result is ``failed`` is a failure."""
 
     def __init__(self, func_type: str, settings: Any) -> None:
         self._log = logging.getLogger("runtime.requests")
@@ -247,6 +306,23 @@ class RequestLog:
 
     def wants(self, elapsed: float) -> bool:
         return self._access or elapsed >= self._slow
+
+    def answered(
+        self,
+        scope: dict[str, Any],
+        status: int,
+        elapsed: float,
+        code: str = "",
+        message: str = "",
+        input_data: BaseDataModel | None = None,
+    ) -> None:
+        """The line of one answer, if it gets one: a failure (non-2xx, or a 200 with the
+        ``code`` of its failed result), or else a slow request, or every one with
+        --access-log."""
+        if status != 200 or code:
+            self.failure(scope, status, elapsed, code, message, input_data)
+        elif self.wants(elapsed):
+            self.success(scope, elapsed, input_data)
 
     def failure(
         self,
@@ -258,24 +334,33 @@ class RequestLog:
         input_data: BaseDataModel | None,
         error: BaseException | None = None,
     ) -> None:
-        """``error``: the user code's exception, whose traceback goes on the line."""
-        level = logging.ERROR if status >= 500 and status != 503 else logging.WARNING
-        if len(message) > 500:
-            message = message[:500] + "..."
+        """A non-2xx answer, or a 200 whose result is failed with ``code`` (the function's
+        own: cut and escaped). ``error``: user code's exception, its traceback on the line."""
+        if status == 200:
+            level, failed, code = logging.WARNING, "failed ", escape(code[:ID_LIMIT])
+        else:
+            level = logging.ERROR if status >= 500 and status != 503 else logging.WARNING
+            failed = ""
+        if len(message) > 500:  # cut before it is scrubbed, a margin past the cut scrubbed too
+            message = redact_head(message, 500, marker=MASK) + "..."
         ids = _ids(scope, input_data)
         self._log.log(
             level,
-            "POST /api/v1 %s %d %.1fms %s%s: %s",
+            "POST %s %s %d %.1fms %s%s%s: %s",
+            scope["path"],
             self._func_type,
             status,
             elapsed * 1000,
+            failed,
             code,
             _text(ids),
             escape(message),
             extra={
                 "fields": {
+                    "path": scope["path"],
                     "func_type": self._func_type,
                     "status": status,
+                    "result": "failed",
                     "elapsed_ms": round(elapsed * 1000, 1),
                     "error_code": code,
                     **ids,
@@ -291,15 +376,18 @@ class RequestLog:
         ids = _ids(scope, input_data)
         self._log.log(
             logging.WARNING if slow else logging.INFO,
-            "POST /api/v1 %s 200 %.1fms%s%s",
+            "POST %s %s 200 %.1fms%s%s",
+            scope["path"],
             self._func_type,
             elapsed * 1000,
             " SLOW" if slow else "",
             _text(ids),
             extra={
                 "fields": {
+                    "path": scope["path"],
                     "func_type": self._func_type,
                     "status": 200,
+                    "result": "success",
                     "elapsed_ms": round(elapsed * 1000, 1),
                     **ids,
                 }
@@ -319,16 +407,22 @@ _METADATA_IDS = ("job_id", "sample_id", "rollout_id", "attempt_id")
 
 
 def _ids(scope: dict[str, Any], input_data: BaseDataModel | None) -> dict[str, str]:
-    """The request's ids, each cut to ID_LIMIT characters and escaped onto one line."""
+    """The request's ids, each cut to ID_LIMIT characters (before it is scrubbed, a margin
+    past the cut with it: no secret the cut splits keeps a part) and escaped onto one line."""
     ids: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
         if name in _HEADER_IDS:
-            ids[_HEADER_IDS[name]] = escape(value.decode("latin-1")[:ID_LIMIT])
+            ids[_HEADER_IDS[name]] = _id(value.decode("latin-1"))
     metadata = getattr(input_data, "request_metadata", None)
     if metadata is not None:
         for key in _METADATA_IDS:
-            ids[key] = escape(str(getattr(metadata, key))[:ID_LIMIT])
+            ids[key] = _id(str(getattr(metadata, key)))
     return ids
+
+
+def _id(value: str) -> str:
+    # one that is not cut is scrubbed with its line (and its field), as is all of the line
+    return escape(value if len(value) <= ID_LIMIT else redact_head(value, ID_LIMIT, marker=MASK))
 
 
 def _text(ids: dict[str, str]) -> str:

@@ -11,6 +11,11 @@ increments, about 1.7 us a request (a tenth of the app's time on the echo reward
 ``--workers`` each request goes to prometheus-client's metrics, so that the shared files
 are exact whichever worker is scraped. The gauges (in flight, queued, stuck) are read from the
 admission state when scraped and once a second, never updated per request.
+
+Results are counted by route, function status and error code (``rl_function_results``):
+one per /api/v1 answer, one per trainer-protocol sample. Its label values are bounded:
+an error code that is not the runtime's own (one a function chose for its failed result)
+is counted as ``OTHER``. Each label set's child is made once and kept.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+from processors_base.rewards import SUB_REWARD_ERROR
+from runtime import errors
+
+__all__ = ["CONTENT_TYPE_LATEST", "OTHER", "Metrics", "code_label"]
 
 _BUCKETS = (
     0.001,
@@ -60,6 +68,51 @@ _BUCKETS = (
 
 _REQUESTS = ("rl_function_requests", "Requests to /api/v1 by function type and status code.")
 _LATENCY = ("rl_function_request_duration_seconds", "Latency of /api/v1 requests.")
+_RESULTS = (
+    "rl_function_results",
+    "Results by route (/api/v1, or the trainer protocol: one per sample), function status "
+    "(success, failed) and error code (OTHER: a code of the function's own).",
+)
+# alphabetical: the order the multiprocess files give them back in, so both read the same
+_RESULT_LABELS = ("error_code", "route", "status")
+_API_ROUTE = "/api/v1"
+OTHER = "OTHER"
+_OWN_CODES = frozenset(
+    {v for k, v in vars(errors).items() if k.isupper() and isinstance(v, str)} | {SUB_REWARD_ERROR}
+)
+
+
+def code_label(code: str) -> str:
+    """An error code as a label value: the runtime's own codes as they are, any other (the
+    function's own, unbounded text) as ``OTHER``."""
+    return code if code in _OWN_CODES else OTHER
+
+
+class _Count:
+    """A counter child as a plain number: written only by the event loop, read when scraped."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.created = time.time()
+
+    def inc(self) -> None:
+        self.value += 1
+
+
+class _ResultCounts:
+    """The collector of the results' plain counts (one worker)."""
+
+    def __init__(self) -> None:
+        self.children: dict[tuple[str, str], _Count] = {}  # (route, error code label)
+
+    def collect(self) -> Iterator[Metric]:
+        results = CounterMetricFamily(*_RESULTS, labels=_RESULT_LABELS)
+        for (route, code), child in sorted(self.children.items()):
+            status = "failed" if code else "success"
+            results.add_metric([code, route, status], child.value, child.created)
+        yield results
 
 
 class _ApiCounts:
@@ -113,14 +166,22 @@ class Metrics:
         self._api: _ApiCounts | None = None
         # --workers: prometheus-client's metrics, by status (children bound once)
         self._shared: dict[int, Any] = {}
+        self._results: dict[tuple[str, str], Any]  # (route, error code label) -> its child
         if multiprocess:
             self._requests = Counter(*_REQUESTS, ["func_type", "status"], registry=None)
             self._latency = Histogram(
                 *_LATENCY, ["func_type"], buckets=_BUCKETS, registry=None
             ).labels(func_type)
+            self._results_counter = Counter(*_RESULTS, _RESULT_LABELS, registry=None)
+            self._results = {}
         else:
             self._api = _ApiCounts(func_type)
             self.registry.register(self._api)
+            counts = _ResultCounts()
+            self.registry.register(counts)
+            self._results = counts.children
+        self._multiprocess = multiprocess
+        self._api_success = self._result_child(_API_ROUTE, "")
         self.rejected = Counter(
             "rl_function_rejected",
             "Requests answered 503 because slots and queue were full.",
@@ -167,8 +228,13 @@ class Metrics:
             registry=owned,
         )
 
-    def observe(self, status: int, seconds: float) -> None:
-        """One /api/v1 request's answer (on the event loop)."""
+    def observe(self, status: int, seconds: float, code: str = "") -> None:
+        """One /api/v1 request's answer (on the event loop); ``code``: its error code, also
+        of a 200 whose result is failed ("" for a success)."""
+        if status == 200 and not code:
+            self._api_success.inc()
+        else:
+            self.result(_API_ROUTE, code or OTHER)
         if self._api is not None:
             self._api.observe(status, seconds)
         else:
@@ -185,6 +251,22 @@ class Metrics:
             self.timeouts.inc()
         elif status == 500:
             self.processor_errors.inc()
+
+    def result(self, route: str, code: str) -> None:
+        """One result on ``route`` (on the event loop): a success if ``code`` is "", else a
+        failure with that error code."""
+        self._result_child(route, code_label(code) if code else "").inc()
+
+    def _result_child(self, route: str, label: str) -> Any:
+        child = self._results.get((route, label))
+        if child is None:
+            if self._multiprocess:
+                status = "failed" if label else "success"
+                child = self._results_counter.labels(label, route, status)
+            else:
+                child = _Count()
+            self._results[(route, label)] = child
+        return child
 
     def protocol_rejected(self, status: int, code: str) -> None:
         self._protocol_rejections.labels(str(status), code).inc()

@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from runtime.logs import bind_secrets, logging_settings, setup_logging
+from runtime.logs import bind_input, bind_secrets, logging_settings, setup_logging
 
 __all__ = ["CrossedError", "ProcessOffload", "ThreadOffload", "UserThreads"]
 
@@ -300,6 +300,7 @@ def _child_call(attr: str, arg: Any) -> bytes | None:
     if attr == "":
         return None  # a readiness probe
     bind_secrets(arg)  # the request's api_key, blanked from what user code logs here
+    bind_input(arg)  # and its ids on those lines
     try:
         result = getattr(_child_processor, attr)(arg)
     except BaseException as exc:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import Settings
+from runtime.logs import quiet_libraries
 
 __all__ = ["serve_on_ray"]
 
@@ -231,7 +232,9 @@ class FunctionReplica:
         from runtime.server import build_app
 
         settings = self._function_settings
-        logging.getLogger("runtime").setLevel(settings.log_level.upper())  # Ray owns handlers
+        level = logging.getLevelName(settings.log_level.upper())
+        logging.getLogger("runtime").setLevel(level)  # Ray owns handlers
+        quiet_libraries(level)
         self._function_app = build_app(settings)
         return _StartedWhenReady(self._function_app)
 

@@ -240,10 +240,10 @@ def recognise(cls: type) -> tuple[FunctionType, type, type] | None:
 
 
 SDK_REWARD_PROCESSING = (
-    "--sub-reward-errors fail (SUB_REWARD_ERRORS) cannot apply: this class is decorated by "
-    "the installed SDK's own @reward_func, whose processing runs its sub-rewards (a failed "
-    "one scores 0 and is only logged by the SDK); serve it where dashscope is not "
-    "installed, or use --sub-reward-errors zero"
+    "--sub-reward-errors fail or renormalize (SUB_REWARD_ERRORS) cannot apply: this class "
+    "is decorated by the installed SDK's own @reward_func, whose processing runs its "
+    "sub-rewards (a failed one scores 0 and is only logged by the SDK); serve it where "
+    "dashscope is not installed, or use --sub-reward-errors zero"
 )
 
 

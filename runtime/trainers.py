@@ -5,8 +5,9 @@ the app's own admission, slots, deadline, isolation and tracing (``FunctionApp.a
 ``FunctionApp.run_admitted``), and answers in the trainer's shape:
 
 - OpenRLHF (``--reward.remote_url``): ``POST {prefix}/openrlhf/get_reward``,
-  ``{"query": [...], "prompts": [...], "labels": [...]}`` in (one sample, or a batch whose
-  samples run concurrently), ``{"rewards": [...], "scores": [...], "extra_logs": {...}}`` out.
+  ``{"query": [...], "prompts": [...], "labels": [...]}`` in (one sample, or a batch of at
+  most ``--trainer-max-samples`` whose samples run concurrently), ``{"rewards": [...],
+  "scores": [...], "extra_logs": {...}}`` out.
 - slime (``--rm-type remote_rm``): ``POST {prefix}/slime/reward``,
   ``{"prompt", "response", "label"}`` in; a bare float out, or with ``?reward_key=NAME`` in
   the URL a dict ``{NAME: reward, <metrics>..., "reward_failed": bool}`` for slime's
@@ -18,7 +19,9 @@ the app's own admission, slots, deadline, isolation and tracing (``FunctionApp.a
 The trainers retry a failed call a few times and then crash a run of days, so by default a
 processor that raises or passes its deadline answers reward 0.0 with HTTP 200 and a mark
 (``extra_logs["reward_failed"]``, slime's ``reward_failed``, Gym's ``reward_components``,
-Gym's ``failure_reason``); it is logged and counted in ``/metrics``. ``--trainer-errors
+Gym's ``failure_reason``); it is logged and counted in ``/metrics``. A failed sample is 0.0
+in every field a trainer reads as a score (OpenRLHF's ``scores`` and a ``score`` metric
+too). ``--trainer-errors
 error`` answers 500/504 instead. A full queue is still a 503 with ``Retry-After``.
 """
 
@@ -29,21 +32,28 @@ import collections
 import logging
 import math
 import os
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
+import anyio
+import anyio.to_thread
 import orjson
 from prometheus_client import Counter
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
-from processors_base.rewards import registry_of
+from processors_base.rewards import RENORMALIZED, registry_of
 from runtime import errors
 from runtime.app import _ClientGone, _Interrupt
-from runtime.function import ProcessorFailure, RequestError
+from runtime.function import ProcessorFailure, RequestError, invalid_input
+from runtime.logs import bind_request
+from runtime.metrics import code_label
 from runtime.sending import WHOLE_RESPONSE
 
 if TYPE_CHECKING:
@@ -60,10 +70,16 @@ PROTOCOL_PATHS = {
     "nemo-gym": ("/nemo-gym/seed_session", "/nemo-gym/verify"),
 }
 FAILED_MARK = "reward_failed"
+SCORE_METRIC = "score"  # OpenRLHF's ``scores`` when given; 0.0 on a failed sample, as the reward
 MISMATCH_MARK = "prompt_mismatch"  # OpenRLHF: the prompt was not found in the query
 _RESERVED = frozenset((FAILED_MARK, MISMATCH_MARK))  # never taken from a processor's metrics
 _START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not started
+# A larger OpenRLHF batch, or a larger body on any route, is built and validated in a
+# thread, off the event loop (a 10 MiB body: seconds of work, as one sample too)
+_INLINE_SAMPLES = 32
+_INLINE_BYTES = 64 * 1024
 _RETRY_AFTER = {"Retry-After": "1"}
+_T = TypeVar("_T")
 _CLOSE = {"Connection": "close"}
 
 
@@ -86,6 +102,7 @@ class _Reject(Exception):
 
     def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
         super().__init__(message)
+        self.code = code
         headers = _RETRY_AFTER if status == 503 else None
         if status in (408, 413):  # as /api/v1: the body is left unread, so is the connection
             headers = _CLOSE
@@ -97,6 +114,10 @@ class _Reject(Exception):
         )
         self.status = status
 
+    @classmethod
+    def of(cls, error: RequestError) -> _Reject:
+        return cls(error.status, error.code, str(error), error.detail)
+
 
 class TrainerRoutes:
     def __init__(self, app: FunctionApp) -> None:
@@ -106,6 +127,11 @@ class TrainerRoutes:
         self._deadline = min(settings.timeout, settings.trainer_timeout)
         self._ground_truth_field = settings.ground_truth_field
         self._end_tokens = tuple(t for t in settings.trainer_end_tokens.split(",") if t)
+        self._max_samples = settings.trainer_max_samples
+        self._sample_bytes = settings.max_body // settings.trainer_max_samples
+        # one large batch validated at a time: more threads would only share the GIL, and
+        # take more of it from the event loop
+        self._validation = anyio.CapacityLimiter(1)
         self._is_reward = app.function.func_type.value == "reward"
         # Metric names: a sample reports every name known so far (0.0 where it has none), so
         # the answers keep one key set (OpenRLHF and verl stack them across samples).
@@ -154,23 +180,28 @@ class TrainerRoutes:
                 raise _Reject(422, errors.INVALID_INPUT, "query must be a non-empty list")
             prompts = _column(body, "prompts", len(queries))
             labels = _column(body, "labels", len(queries))
-            inputs, mismatched = [], []
-            for query, prompt, label in zip(queries, prompts, labels, strict=True):
-                if not isinstance(query, str) or not isinstance(prompt, (str, type(None))):
-                    raise _Reject(422, errors.INVALID_INPUT, "query and prompts hold strings")
-                response, found = _split_query(query, prompt)
-                if not found:
-                    self._prompt_mismatch(request)
-                response = _strip_end_tokens(response, self._end_tokens)
-                messages = [*_prompt_messages(prompt), _assistant(response)]
-                extra = {"trainer": "openrlhf", "query": query}
-                inputs.append(self._input(messages, label, extra))
-                mismatched.append(0.0 if found else 1.0)
+
+            def build() -> tuple[list[Any], list[float]]:
+                inputs, mismatched = [], []
+                for query, prompt, label in zip(queries, prompts, labels, strict=True):
+                    if not isinstance(query, str) or not isinstance(prompt, (str, type(None))):
+                        raise _Reject(422, errors.INVALID_INPUT, "query and prompts hold strings")
+                    response, found = _split_query(query, prompt)
+                    if not found:
+                        self._prompt_mismatch(request)
+                    response = _strip_end_tokens(response, self._end_tokens)
+                    messages = [*_prompt_messages(prompt), _assistant(response)]
+                    extra = {"trainer": "openrlhf", "query": query}
+                    inputs.append(self._input(messages, label, extra))
+                    mismatched.append(0.0 if found else 1.0)
+                return inputs, mismatched
+
+            inputs, mismatched = await self._build(request, build, len(queries))
             scored = await self._score(request, "openrlhf", inputs)
             names = self._names(scored)
             return {
                 "rewards": [s.reward for s in scored],
-                "scores": [s.metrics.get("score", s.reward) for s in scored],
+                "scores": [s.metrics.get(SCORE_METRIC, s.reward) for s in scored],
                 "extra_logs": {
                     **{name: [s.metrics.get(name, 0.0) for s in scored] for name in names},
                     FAILED_MARK: [1.0 if s.failed else 0.0 for s in scored],
@@ -178,7 +209,7 @@ class TrainerRoutes:
                 },
             }
 
-        return await self._serve(request, "openrlhf", handle)
+        return await self._serve(request, "openrlhf", handle, samples=_batch_size)
 
     async def _slime(self, request: Request) -> Response:
         reward_key = request.query_params.get("reward_key")
@@ -196,11 +227,12 @@ class TrainerRoutes:
                 raise _Reject(422, errors.INVALID_INPUT, "response must be a string")
             if not isinstance(prompt, (str, list, type(None))):
                 raise _Reject(422, errors.INVALID_INPUT, "prompt must be a string or messages")
-            messages = [*_prompt_messages(prompt), _assistant(response)]
-            extra = {"trainer": "slime"}
-            (scored,) = await self._score(
-                request, "slime", [self._input(messages, body.get("label"), extra)]
-            )
+
+            def build() -> Any:
+                messages = [*_prompt_messages(prompt), _assistant(response)]
+                return self._input(messages, body.get("label"), {"trainer": "slime"})
+
+            (scored,) = await self._score(request, "slime", [await self._build(request, build)])
             if not reward_key:
                 return scored.reward  # slime without --reward-key reads a number
             metrics = {name: scored.metrics.get(name, 0.0) for name in self._names([scored])}
@@ -217,32 +249,37 @@ class TrainerRoutes:
 
     async def _gym_verify(self, request: Request) -> Response:
         async def handle(body: Any) -> Any:
-            params, response = body.get("responses_create_params"), body.get("response")
-            if not isinstance(params, dict) or not isinstance(response, dict):
-                raise _Reject(
-                    422,
-                    errors.INVALID_INPUT,
-                    "responses_create_params and response must be objects",
-                )
-            messages = _responses_input(params.get("input")) + _responses_output(
-                response.get("output")
-            )
-            columns = {
-                k: v for k, v in body.items() if k not in ("responses_create_params", "response")
-            }
-            extra = {"trainer": "nemo-gym", "tools": params.get("tools"), "row": columns}
-            ground_truth = body.get(self._ground_truth_field)
-            (scored,) = await self._score(
-                request, "nemo-gym", [self._input(messages, ground_truth, extra)]
-            )
+            def build() -> Any:
+                try:  # the answer echoes the row: one JSON cannot write is refused now
+                    orjson.dumps(body)
+                except orjson.JSONEncodeError as exc:  # read 1024 levels deep, written 254
+                    raise _Reject(
+                        422, errors.INVALID_INPUT, f"the row is nested too deeply to echo: {exc}"
+                    ) from None
+                try:
+                    row = _GymRow.model_validate(body)
+                except ValidationError as exc:
+                    raise _Reject.of(invalid_input("not a NeMo Gym verify request", exc)) from None
+                params = row.responses_create_params
+                messages = _messages_of(params.input) + _messages_of(row.response.output)
+                columns = {
+                    k: v
+                    for k, v in body.items()
+                    if k not in ("responses_create_params", "response")
+                }
+                extra = {"trainer": "nemo-gym", "tools": params.tools, "row": columns}
+                del row, params  # its validated items, before the input copies the messages
+                return self._input(messages, body.get(self._ground_truth_field), extra)
+
+            (scored,) = await self._score(request, "nemo-gym", [await self._build(request, build)])
             components = {name: scored.metrics.get(name, 0.0) for name in self._names([scored])}
             answer = {**body, "reward": scored.reward}
             answer["reward_components"] = {
                 **components,
                 FAILED_MARK: 1.0 if scored.failed else 0.0,
             }
-            if scored.failed:
-                answer["failure_reason"] = f"{scored.code}: {scored.message}"
+            if scored.failed:  # user code's text: a lone surrogate must not break the answer
+                answer["failure_reason"] = errors.safe_text(f"{scored.code}: {scored.message}")
             return answer
 
         return await self._serve(request, "nemo-gym", handle)
@@ -250,11 +287,18 @@ class TrainerRoutes:
     # --- shared machinery ----------------------------------------------------------
 
     async def _serve(
-        self, request: Request, protocol: str, handle: Any, score: bool = True
+        self,
+        request: Request,
+        protocol: str,
+        handle: Any,
+        score: bool = True,
+        samples: Callable[[dict[str, Any]], int] | None = None,  # of a batch protocol
     ) -> Response:
         started = perf_counter()
         status, held = 200, 0
+        code = message = ""  # of an error answer
         app = self.app
+        bind_request(request)  # every line about it carries its ids
         try:
             if score and not self._is_reward:
                 raise _Reject(
@@ -273,27 +317,46 @@ class TrainerRoutes:
             try:  # within --body-timeout, --max-body and --max-buffered, as /api/v1
                 raw = await app.read_body(request.scope, request.receive)
             except RequestError as exc:
-                raise _Reject(exc.status, exc.code, str(exc)) from None
+                raise _Reject.of(exc) from None
             held = len(raw)  # held in the body budget until the answer is out
-            answer = await handle(_parse(raw))
+            request.state.body_bytes = held
+            body = _parse(raw)
+            if samples is not None:
+                held += self._hold_samples(samples(body), held)
+            answer = await handle(body)
             return Response(orjson.dumps(answer), 200, media_type="application/json")
         except _Reject as exc:
-            status = exc.status
+            status, code, message = exc.status, exc.code, str(exc)
             return exc.response
         except _ClientGone:
-            status = 499
+            status, code, message = 499, errors.CLIENT_DISCONNECTED, "client disconnected"
             return Response(b"", 499)
         except Exception:  # a bug of ours: still a JSON answer, never a traceback
-            status = 500
+            status, code, message = 500, errors.INTERNAL_ERROR, "internal error"
             logging.getLogger("runtime").exception("internal error on %s", request.url.path)
             body = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
             return Response(body, 500, media_type="application/json")
         finally:
             app.admission.release_body(held)
             self._requests.labels(protocol, str(status)).inc()
+            scored: list[Scored] = getattr(request.state, "scored", [])
+            if not scored and status != 200:  # refused whole: one failed result
+                app.metrics.result(protocol, code)
+            failed = [s for s in scored if s.failed] if status == 200 else []
+            if failed:
+                code = ",".join(sorted({s.code for s in failed}))
+                message = f"{len(failed)} of {len(scored)} samples failed"
             elapsed = perf_counter() - started
-            if status != 200 and status != 499:
-                log.warning("POST %s %d %.1fms", request.url.path, status, elapsed * 1000)
+            app.request_log.answered(request.scope, status, elapsed, code, message)
+
+    async def _build(self, request: Request, build: Callable[[], _T], samples: int = 1) -> _T:
+        """``build()``: the inputs of a request's samples (mapped and validated, custom
+        validators of user code included), in a thread for a batch of more than
+        _INLINE_SAMPLES or a body of more than _INLINE_BYTES (seconds of work at 10 MiB,
+        for one sample too), one request at a time; else inline."""
+        if samples <= _INLINE_SAMPLES and request.state.body_bytes <= _INLINE_BYTES:
+            return build()
+        return await anyio.to_thread.run_sync(build, limiter=self._validation)
 
     def _input(self, messages: list[dict[str, Any]], ground_truth: Any, extra: dict) -> Any:
         data = {
@@ -304,9 +367,29 @@ class TrainerRoutes:
         try:
             return self.app.function.input_model.model_validate(data)
         except ValidationError as exc:
+            raise _Reject.of(invalid_input("cannot build the reward input", exc)) from None
+
+    def _hold_samples(self, count: int, held: int) -> int:
+        """Refuse a batch of more than --trainer-max-samples (413) before any sample is
+        built, and hold in the body budget what its samples weigh beyond its body (a batch
+        at the limit weighs one --max-body), so that --max-buffered bounds the samples a
+        worker holds as it bounds bodies. The bytes held besides the body."""
+        if count > self._max_samples:
             raise _Reject(
-                422, errors.INVALID_INPUT, f"cannot build the reward input: {exc}"
-            ) from None
+                413,
+                errors.BODY_TOO_LARGE,
+                f"the batch holds {count} samples; at most {self._max_samples} "
+                "(--trainer-max-samples, TRAINER_MAX_SAMPLES)",
+            )
+        extra = max(0, count * self._sample_bytes - held)
+        if not self.app.admission.hold_body(extra):
+            raise _Reject(
+                503,
+                errors.OVERLOADED,
+                f"this worker already holds {self.app.admission.buffered} bytes of request "
+                "bodies and samples (--max-buffered); retry later",
+            )
+        return extra
 
     async def _score(self, request: Request, protocol: str, inputs: list[Any]) -> list[Scored]:
         """Score every input, concurrently, within one deadline.
@@ -331,6 +414,15 @@ class TrainerRoutes:
         results: list[Scored | None] = [None] * len(inputs)
         waiting = collections.deque(range(len(inputs)))
         running: dict[asyncio.Future[Scored], _Sample] = {}
+        # answered samples, in order: a wait on all the running ones would cost each
+        # answer O(places) (asyncio.wait adds and removes a callback on every future)
+        answers: collections.deque[asyncio.Future[Scored]] = collections.deque()
+        answered_one = asyncio.Event()
+
+        def on_answer(answered: asyncio.Future[Scored]) -> None:
+            answers.append(answered)
+            answered_one.set()
+
         try:
             while True:
                 while places and waiting:
@@ -347,10 +439,13 @@ class TrainerRoutes:
                     )
                     sample.index = index
                     running[answered] = sample
+                    answered.add_done_callback(on_answer)
                 if not running:
                     break
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for answered in done:
+                await answered_one.wait()
+                answered_one.clear()
+                while answers:
+                    answered = answers.popleft()
                     sample = running.pop(answered)
                     results[sample.index] = answered.result()
                     if sample.task.done():
@@ -374,9 +469,13 @@ class TrainerRoutes:
         for index in waiting:  # no place came free in time
             results[index] = self._late("deadline")
         scored = [s if s is not None else self._late("deadline") for s in results]
+        request.state.scored = scored  # its access line tells of them
         for one in scored:
+            app.metrics.result(protocol, one.code)
+        for index, one in enumerate(scored):
             if one.failed:
-                self._failed(request, protocol, one)
+                place = f" sample {index} of {len(scored)}" if len(scored) > 1 else ""
+                self._failed(request, protocol, one, place)
         return scored
 
     async def _run(
@@ -440,8 +539,8 @@ class TrainerRoutes:
         try:
             reward = output.reward
             score = _number(reward.reward_score, "reward_score")
-            metrics = {
-                str(k): _number(v, f"reward_metrics[{k!r}]")
+            metrics = {  # the names are kept for every later answer: valid UTF-8, always
+                errors.safe_text(str(k)): _number(v, f"reward_metrics[{k!r}]")
                 for k, v in (reward.reward_metrics or {}).items()
             }
             status = getattr(output.status, "value", output.status)
@@ -451,22 +550,26 @@ class TrainerRoutes:
             ) from exc
         self._metric_names.update(dict.fromkeys(metrics))
         if status == "failed":  # the processor said so itself: failed is 0.0, and marked
+            if SCORE_METRIC in metrics:  # OpenRLHF's scores: a failed sample never counts solved
+                metrics[SCORE_METRIC] = 0.0
             code = str(output.error_code or errors.PROCESSOR_ERROR)
             return Scored(0.0, metrics, code, str(output.error or "the processor failed"))
         return Scored(score, metrics)
 
-    def _failed(self, request: Request, protocol: str, scored: Scored) -> None:
-        self._failures.labels(protocol, scored.code).inc()
+    def _failed(self, request: Request, protocol: str, scored: Scored, place: str) -> None:
+        """``place``: which sample of a batch (" sample 2 of 4"), "" for a lone one."""
+        self._failures.labels(protocol, code_label(scored.code)).inc()  # OTHER: the function's
         message = scored.message if len(scored.message) <= 500 else scored.message[:500] + "..."
         if not self._fail_open:
-            log.error("POST %s %s: %s", request.url.path, scored.code, message)
+            log.error("POST %s%s %s: %s", request.url.path, place, scored.code, message)
             status = 504 if scored.code == errors.DEADLINE_EXCEEDED else 500
             if scored.code == errors.DRAINING:
                 status = 503
             raise _Reject(status, scored.code, scored.message)
         log.warning(
-            "POST %s reward failed, answered %g and marked it: %s: %s",
+            "POST %s%s reward failed, answered %g and marked it: %s: %s",
             request.url.path,
+            place,
             scored.reward,
             scored.code,
             message,
@@ -511,7 +614,10 @@ def _declared_metrics(app: FunctionApp) -> list[str]:
     if registry.aggregate is not None:
         return []
     names = [sub.name for sub in registry.sub_rewards]
-    return names + [f"{name}.failed" for name in names]
+    names += [f"{name}.failed" for name in names]
+    if app.function.sub_reward_errors.mode == "renormalize":
+        names.append(RENORMALIZED)
+    return names
 
 
 def _number(value: Any, name: str) -> float:
@@ -568,17 +674,32 @@ _MIN_OVERLAP = 32  # characters: a shorter shared tail may be chance
 
 
 def _overlap(prompt: str, query: str) -> int:
-    """Length of the longest suffix of ``prompt`` that ``query`` starts with (KMP, linear)."""
-    text: list[str | None] = [*query[: len(prompt)], None, *prompt]
-    border = [0] * len(text)
-    for i in range(1, len(text)):
-        k = border[i - 1]
-        while k and text[i] != text[k]:
+    """Length of the longest suffix of ``prompt`` that ``query`` starts with (KMP: linear
+    time, and 8 bytes per character of the query's head, not a Python int and a list slot
+    or two: a 5 MB prompt once took 330 MB)."""
+    head = query[: len(prompt)]
+    if not head:
+        return 0
+    border = array("q", bytes(8 * len(head)))  # border[i]: of head[: i + 1]
+    k = 0
+    for i in range(1, len(head)):
+        char = head[i]
+        while k and char != head[k]:
             k = border[k - 1]
-        if text[i] == text[k]:
+        if char == head[k]:
             k += 1
         border[i] = k
-    return border[-1]
+    # the longest prefix of head that the prompt ends with (no longer than head: within
+    # the prompt's last len(head) characters)
+    k = 0
+    for char in prompt[len(prompt) - len(head) :]:
+        if k == len(head):
+            k = border[k - 1]
+        while k and char != head[k]:
+            k = border[k - 1]
+        if char == head[k]:
+            k += 1
+    return k
 
 
 def _strip_end_tokens(text: str, tokens: tuple[str, ...]) -> str:
@@ -607,46 +728,125 @@ def _assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
 
-def _text(content: Any) -> Any:
-    """Responses API content parts (input_text, output_text...) joined into one string."""
+def _batch_size(body: dict[str, Any]) -> int:
+    """The samples of an OpenRLHF request, counted before any is built."""
+    queries = body.get("query")
+    return len(queries) if isinstance(queries, list) else 1
+
+
+# --- NeMo Gym's verify request: the fields read are typed, a malformed one is a 422 --------
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the Responses API has many more fields
+
+
+# Items and their parts are typed dicts, not models: a row may hold millions of them (a
+# model each cost about 1 KB and 7 us, a 10 MiB row of empty items 3 GB and 25 s). Their
+# other fields are left out of the validated copy: the answer echoes the row as it came.
+
+
+class _Part(TypedDict, total=False):
+    """A content part (input_text, output_text, refusal, input_image...)."""
+
+    text: str | None
+    refusal: str | None
+
+
+_Content = str | list[_Part] | None
+
+
+class _Message(TypedDict, total=False):
+    type: Literal["message"]
+    role: str  # "assistant" when absent
+    content: _Content
+
+
+class _FunctionCall(TypedDict, total=False):
+    type: Literal["function_call"]
+    call_id: str | None
+    id: str | None
+    name: str | None
+    arguments: str | None
+
+
+class _FunctionCallOutput(TypedDict, total=False):
+    type: Literal["function_call_output"]
+    call_id: str | None
+    output: _Content
+
+
+class _OtherItem(TypedDict):
+    type: str  # reasoning and the rest: left out of the messages, their fields unread
+
+
+_ITEM_KINDS = ("message", "function_call", "function_call_output")
+
+
+def _item_kind(item: Any) -> str | None:
+    if not isinstance(item, dict):
+        return None  # not an item at all: pydantic names it
+    kind = item.get("type", "message")
+    return kind if kind in _ITEM_KINDS else "other"
+
+
+_Item = Annotated[
+    Annotated[_Message, Tag("message")]
+    | Annotated[_FunctionCall, Tag("function_call")]
+    | Annotated[_FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[_OtherItem, Tag("other")],
+    Discriminator(
+        _item_kind,
+        custom_error_type="item_type",
+        custom_error_message="a Responses API item must be an object",
+    ),
+]
+
+
+class _CreateParams(_Loose):
+    input: str | list[_Item] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class _Response(_Loose):
+    output: list[_Item] | None = None
+
+
+class _GymRow(_Loose):
+    """What /verify reads of a row; its other columns are kept as they came."""
+
+    responses_create_params: _CreateParams
+    response: _Response
+
+
+def _text(content: _Content | None) -> str | None:
+    """Responses API content parts joined into one string."""
     if isinstance(content, list):
-        parts = [p.get("text") or p.get("refusal") or "" for p in content if isinstance(p, dict)]
-        return "".join(parts)
+        return "".join(part.get("text") or part.get("refusal") or "" for part in content)
     return content
 
 
-def _responses_input(items: Any) -> list[dict[str, Any]]:
+def _messages_of(items: str | list[Any] | None) -> list[dict[str, Any]]:
+    """Responses API items (validated) as chat messages: a string input is the user's
+    message; reasoning and other items are left out."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     for item in items or ():
-        if isinstance(item, dict):
-            messages.extend(_responses_item(item))
+        kind = _item_kind(item)
+        if kind == "message":
+            role = item.get("role", "assistant")
+            messages.append({"role": role, "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id") or item.get("id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            content = _text(item.get("output"))
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": content}
+            )
     return messages
-
-
-def _responses_output(items: Any) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    for item in items or ():
-        if isinstance(item, dict):
-            messages.extend(_responses_item(item))
-    return messages
-
-
-def _responses_item(item: dict[str, Any]) -> list[dict[str, Any]]:
-    """One Responses API item as chat messages; reasoning items are left out."""
-    kind = item.get("type", "message")
-    if kind == "message":
-        return [{"role": item.get("role", "assistant"), "content": _text(item.get("content"))}]
-    if kind == "function_call":
-        call = {
-            "id": item.get("call_id") or item.get("id"),
-            "type": "function",
-            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-        }
-        return [{"role": "assistant", "content": None, "tool_calls": [call]}]
-    if kind == "function_call_output":
-        return [
-            {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
-        ]
-    return []

@@ -20,11 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 SAMPLES = ROOT / "sample_functions"
+# The platform spec's example files (its §13: job files, datasets, function inputs), kept
+# in the repository so that a clone has them.
+SPEC_EXAMPLES = TESTS / "data" / "spec_examples"
 
 # Every process a test starts inherits this mark, so one left running (an orphaned worker)
-# is found by its environment even after its parent is gone and it was reparented.
-RUN_MARK = f"RL_FN_TEST_RUN={uuid.uuid4().hex[:8]}"
-os.environ["RL_FN_TEST_RUN"] = RUN_MARK.split("=", 1)[1]
+# is found by its environment even after its parent is gone and it was reparented. A helper
+# a test starts that imports this module (tests/platform_standin.py) keeps the mark it
+# inherited, so that what the helper starts is found too.
+os.environ.setdefault("RL_FN_TEST_RUN", uuid.uuid4().hex[:8])
+RUN_MARK = f"RL_FN_TEST_RUN={os.environ['RL_FN_TEST_RUN']}"
 # TMPDIR of the servers the tests start: whatever is left in it was not cleaned up.
 SERVER_TMP = ROOT / ".pytest_cache" / "tmp" / RUN_MARK.split("=", 1)[1]
 

@@ -8,7 +8,9 @@ odd ``seed`` it is careless: it answers at once with the first number of the que
 K rollouts seeded 0..K-1 of one question disagree whenever the other answer is right.
 ``broken`` makes it misbehave after its first ``broken_after`` requests: ``"401"`` refuses
 the key and names it, as providers do; ``"html"`` answers 200 with a web page;
-``"max_tokens"`` refuses (400) a request with ``max_tokens``, as reasoning models do.
+``"max_tokens"`` refuses (400) a request with ``max_tokens``, as reasoning models do;
+``"surrogate"`` ends its answers with half an emoji, a lone surrogate (``\\ud83d``), as a
+tokenizer that cut one does.
 """
 
 from __future__ import annotations
@@ -116,16 +118,18 @@ class LLMStub(ThreadedServer):
                 ],
             }
             finish = "tool_calls"
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{digest[:12]}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30},
-            }
-        )
+        completion = {
+            "id": f"chatcmpl-{digest[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30},
+        }
+        if broken == "surrogate":  # json.dumps escapes it; JSONResponse cannot encode it
+            message["content"] = f"{message['content'] or ''} \ud83d"
+            return Response(json.dumps(completion), media_type="application/json")
+        return JSONResponse(completion)
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[str]:
         base = {

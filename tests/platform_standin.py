@@ -73,8 +73,9 @@ class PlatformStandIn(ThreadedServer):
         busy: dict[str, int] | None = None,
         job_outcome: str = "SUCCEEDED",
         slow: dict[str, float] | None = None,
+        port: int | None = None,
     ) -> None:
-        port = free_port()
+        port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{port}"
         self.base_url = self.url + API
         self.api_key = api_key
@@ -118,9 +119,12 @@ class PlatformStandIn(ThreadedServer):
     # ---- lifecycle -------------------------------------------------------------------
 
     def __exit__(self, *exc: object) -> None:
+        self.stop_instances()
+        super().__exit__(*exc)
+
+    def stop_instances(self) -> None:
         for instance in list(self.instances.values()):
             self._stop(instance)
-        super().__exit__(*exc)
 
     def _stop(self, instance: Instance) -> None:
         if instance.process.poll() is None:
@@ -565,3 +569,35 @@ def clean_copy(source: Path, target: Path) -> Path:
     """A copy of a workspace without caches, for tests that must not touch the original."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python tests/platform_standin.py --port 8765``: the stand-in in the foreground, for
+    trying the platform commands by hand, until Ctrl-C or SIGTERM (which stop its instances)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="A local stand-in for the training platform's API (no account needed): "
+        "it registers functions, starts their instances from the uploaded zips, takes "
+        "datasets and runs each job to SUCCEEDED in three status queries."
+    )
+    parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")
+    args = parser.parse_args(argv)
+    standin = PlatformStandIn(port=args.port)
+    print(
+        f"platform stand-in at {standin.base_url}, API key {standin.api_key} (Ctrl-C stops it)",
+        flush=True,
+    )
+    # uvicorn stops on SIGINT and SIGTERM, then raises the signal again: both as
+    # KeyboardInterrupt, so that SIGTERM too stops the instances instead of killing this.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        standin.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        standin.stop_instances()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,15 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, SAMPLES, SERVER_TMP, TESTS, free_port
+from conftest import SAMPLES, SERVER_TMP, SPEC_EXAMPLES, TESTS, free_port
 from llm_stub import LLMStub
 
 from runtime.eval.stats import percentile, score_stats
 
-DATA = ROOT.parent / "shared" / "specs" / "examples" / "data" / "calc_train_min.jsonl"
+DATA = SPEC_EXAMPLES / "data" / "calc_train_min.jsonl"
 WORKSPACE = TESTS / "eval_workspace"
-
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"the SDK example data {DATA} is missing")
 
 ROLLOUT = {
     "type": "rollout",
@@ -215,13 +213,12 @@ def test_sample_run_files(sample_run: Any) -> None:
     }
 
 
-def test_the_report_renders_in_a_headless_browser(sample_run: Any, tmp_path: Path) -> None:
+def chromium(tmp_path: Path, page: Path, *args: str) -> str:
+    """Headless Chromium run on ``page`` (skips the test where there is none); its stdout."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("no chromium (apt-get install -y chromium)")
-    _, out, _ = sample_run
-    shot = tmp_path / "report.png"
-    subprocess.run(
+    done = subprocess.run(
         [
             browser,
             "--headless",
@@ -233,14 +230,21 @@ def test_the_report_renders_in_a_headless_browser(sample_run: Any, tmp_path: Pat
             "--disable-component-update",
             "--disable-sync",
             f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={shot}",
-            "--window-size=1200,2000",
-            (out / "report.html").as_uri(),
+            *args,
+            page.as_uri(),
         ],
         capture_output=True,
+        text=True,
         timeout=120,
         check=True,
     )
+    return done.stdout
+
+
+def test_the_report_renders_in_a_headless_browser(sample_run: Any, tmp_path: Path) -> None:
+    _, out, _ = sample_run
+    shot = tmp_path / "report.png"
+    chromium(tmp_path, out / "report.html", f"--screenshot={shot}", "--window-size=1200,2000")
     from PIL import Image
 
     with Image.open(shot) as image:
@@ -787,3 +791,224 @@ def test_a_data_lines_model_resource_key_never_shows(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert _lines(tmp_path / "o")[0]["ground_truth"]["model_resource"] == {"api_key": "***"}
     assert line_key not in _everything(done, tmp_path / "o")
+
+
+# ---- issue 20: hostile data, bad job files, --out -------------------------------------
+
+# What the page's template writes around a user message: a data line's api_key equal to it
+# deleted it from the scrubbed page, and the message became the div's attributes.
+MARKUP = 'class="msg user"><span class="role">user</span>'
+PEM = "-----BEGIN PRIVATE KEY-----"  # with no END line, it blanked the page to its end
+
+
+def data_file(folder: Path, lines: list[tuple[str, list[dict[str, str]]]]) -> Path:
+    """A JSONL file of (model_resource.api_key, messages) lines; the key under
+    rollout_extra, which --ground-truth-key rollout_extra writes out."""
+    path = folder / "hostile.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"messages": messages, "rollout_extra": {"model_resource": {"api_key": key}}}
+            )
+            + "\n"
+            for key, messages in lines
+        )
+    )
+    return path
+
+
+# scores every trajectory 0.5 at once, so that every one is shown on the page
+HALF = _ours("reward", "half", "eval_fns:SlowReward", runtime={"env": {"SLOW_SECONDS": "0"}})
+
+
+def _page_dom(text: str) -> dict[str, Any]:
+    from html.parser import HTMLParser
+
+    found: dict[str, Any] = {"messages": 0, "handlers": [], "title": ""}
+
+    class Dom(HTMLParser):
+        in_title = False
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            found["handlers"] += [name for name, _ in attrs if name.startswith("on")]
+            if tag == "div" and "msg" in (dict(attrs).get("class") or "").split():
+                found["messages"] += 1
+            self.in_title = tag == "title"
+
+        def handle_endtag(self, tag: str) -> None:
+            self.in_title = False
+
+        def handle_data(self, data: str) -> None:
+            if self.in_title:
+                found["title"] += data
+
+    Dom().feed(text)
+    return found
+
+
+def test_a_dataset_cannot_inject_markup_into_the_report(tmp_path: Path) -> None:
+    """Secrets are blanked in the values before the page is rendered, never in the page:
+    keys equal to the template's markup or shaped as a PEM key leave its structure whole,
+    and a key with an ``&`` does not leak in its escaped form."""
+    ampersand = "Tr0ub4dor&3-horse"
+    data = data_file(
+        tmp_path,
+        [
+            (MARKUP, [{"role": "user", "content": " onfocus=document.title=1 autofocus x="}]),
+            (ampersand, [{"role": "user", "content": f"my key is {ampersand}"}]),
+            (
+                "sk-line-Secret-abcdef0123456789",
+                [
+                    {"role": PEM, "content": "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"},
+                    {"role": "user", "content": f"{PEM} and no END line"},
+                ],
+            ),
+        ],
+    )
+    config = job_file(tmp_path, [HALF], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--data", str(data), "-k", "1",
+            "--ground-truth-key", "rollout_extra", "--out", "o",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = tmp_path / "o" / "report.html"
+    assert ampersand not in page.read_text() and "Tr0ub4dor&amp;3-horse" not in page.read_text()
+    dom = _page_dom(chromium(tmp_path, page, "--dump-dom"))
+    # every message of the 3 trajectories (the line's, and the LLM's answer) in its own div
+    assert dom["messages"] == sum(len(t["messages"]) for t in _lines(tmp_path / "o")) == 7
+    assert dom["handlers"] == []
+    assert dom["title"] == "eval: eval-test"
+
+
+def test_a_short_key_is_not_taken_for_a_secret_and_said_so(tmp_path: Path) -> None:
+    """Blanking a one-letter key turned summary.json's ``max`` into ``m***x`` (and the
+    table's print crashed on it): a key under 8 characters is not blanked in text, with a
+    warning naming where it came from; an api_key field is still blanked whole."""
+    question = [{"role": "user", "content": "what is the max of 1 and a?"}]
+    data = data_file(tmp_path, [("a", question)])
+    config = job_file(tmp_path, [HALF], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(
+            config, "--llm-base-url", llm.base_url, "--llm-api-key", "x", "--data", str(data),
+            "-k", "2", "--ground-truth-key", "rollout_extra", "--out", "o",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "under 8 characters" in line]
+    assert len(warnings) == 1, done.stderr
+    assert "--llm-api-key" in warnings[0] and "hostile.jsonl:1" in warnings[0]
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["rewards"]["half"]["scores"]["max"] == 0.5
+    assert " max " in done.stdout  # the table's column
+    (line, _) = _lines(tmp_path / "o")
+    assert line["ground_truth"] == {"model_resource": {"api_key": "***"}}
+    assert line["messages"][0] == question[0]
+
+
+def test_a_lone_surrogate_in_an_answer_is_replaced_and_flagged(tmp_path: Path) -> None:
+    """Half an emoji in the LLM's answer: it is scored and written as U+FFFD, and flagged;
+    it failed every reward call, then the writing of every file."""
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with LLMStub(free_port(), broken="surrogate", broken_after=1) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "2", "-k", "2", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "o"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "logs", "report.html", "summary.json", "trajectories.jsonl",
+    ]  # fmt: skip
+    lines = _lines(out)
+    assert len(lines) == 4 and all(t["invalid_text"] for t in lines)
+    assert all(t["messages"][-1]["content"].endswith(" \ufffd") for t in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["functions"]["answer-match"]["failures"] == 0
+    (flag,) = [f for f in summary["flags"] if f["kind"] == "invalid_text"]
+    assert flag["message"].startswith("4 of 4 trajectories: the LLM's answer")
+    assert "U+FFFD" in done.stdout
+
+
+def test_bad_numbers_and_deep_nesting_are_usage_errors(tmp_path: Path) -> None:
+    config = job_file(tmp_path, [ROLLOUT, ANSWER])
+    job = yaml.safe_load(config.read_text())
+    job["training"]["hyper_parameters"]["n_rollouts"] = -2
+    config.write_text(yaml.safe_dump(job, sort_keys=False))
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url)
+        assert not llm.requests  # nothing started
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: {config}:")
+    assert line.endswith(": training.hyper_parameters.n_rollouts: Input should be greater than 0")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: x\nobservability: " + "[" * 1000 + "]" * 1000)
+    done = run_eval(deep, "--llm-base-url", "http://127.0.0.1:9/v1")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {deep}:2: nested more than 50 levels deep"]
+    line = '{"messages": [{"role": "user", "content": "hi"}], "x": ' + "[" * 1000 + "]" * 1000
+    (tmp_path / "deep.jsonl").write_text(line + "}\n")
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--data", "deep.jsonl")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["error: deep.jsonl:1: nested more than 100 levels deep"]
+
+
+def test_function_names_are_never_paths(tmp_path: Path) -> None:
+    """A name that reads as an absolute or a climbing path unpacked the package, and left
+    it, outside eval's temporary directory."""
+    elsewhere = tmp_path / "elsewhere"
+    absolute = {**ANSWER, "name": str(elsewhere / "absolute")}
+    climbing = {**SAFETY, "name": "../" * 40 + str(elsewhere / "climbing").lstrip("/")}
+    config = job_file(tmp_path, [absolute, climbing], teacher="teacher-model")
+    with LLMStub(free_port()) as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "1", "-k", "1", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    assert not elsewhere.exists()
+    logs = sorted(p.name for p in (tmp_path / "o" / "logs").iterdir())
+    assert len(logs) == 2 and all(name.endswith(".log") and "/" not in name for name in logs)
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["functions"][absolute["name"]]["calls"] == 1  # the name itself is kept
+
+
+def test_out_files_replace_links_planted_after_the_check(tmp_path: Path) -> None:
+    """Links planted in --out while eval runs (a shared /tmp/calc-eval) are replaced by
+    eval's files, never followed; an --out that is itself a link is refused."""
+    marker, release = tmp_path / "called", tmp_path / "release"
+    waits = _ours(
+        "reward",
+        "waits",
+        "eval_fns:WaitsForRelease",
+        runtime={"env": {"EVAL_MARKER": str(marker), "EVAL_RELEASE": str(release)}},
+    )
+    config = job_file(tmp_path, [waits], teacher="teacher-model")
+    outside, out = tmp_path / "outside", tmp_path / "o"
+    (outside / "logs").mkdir(parents=True)
+    names = ("trajectories.jsonl", "summary.json", "report.html")
+    for name in names:
+        (outside / name).write_text("mine")
+    with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "eval", "-c", str(config), "-n", "1", "-k", "1",
+             "--llm-base-url", llm.base_url, "--out", str(out)],
+            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), (tmp_path / "err").read_text()
+        for name in names:
+            (out / name).symlink_to(outside / name)
+        (out / "logs").symlink_to(outside / "logs", target_is_directory=True)
+        release.touch()
+        assert process.wait(120) == 0, (tmp_path / "err").read_text()
+    for name in names:
+        assert (outside / name).read_text() == "mine"
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 4
+    assert not any((outside / "logs").iterdir())
+    assert not (out / "logs").is_symlink() and (out / "logs" / "waits.log").is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--out", "link")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: --out link: is a symbolic link; name the directory it points to"
+    ]

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLES, free_port
+from conftest import SAMPLES, SPEC_EXAMPLES, free_port
 from platform_standin import PlatformStandIn
 
 from runtime.platform import jobs
 from runtime.platform.http import Platform, PlatformError, UnclearOutcome
 
-EXAMPLES = ROOT.parent / "shared" / "specs" / "examples"
 FT = "/api/v1/fine-tunes"
 
 
@@ -48,7 +47,11 @@ def cli(
     cwd: Path = SAMPLES,
     key: str | None = None,
     env: dict[str, str] | None = None,
+    python: tuple[str, ...] = (),
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime ARGS`` against ``platform`` (anything with ``base_url`` and
+    ``api_key``); ``python``: arguments of the interpreter before ``-m``."""
     # a user's environment: no platform settings, and Python writes bytecode caches
     skip = ("DASHSCOPE_", "FC_", "PYTHONDONTWRITEBYTECODE")
     full = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
@@ -57,12 +60,12 @@ def cli(
         full["DASHSCOPE_API_KEY"] = key or platform.api_key
     full.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "runtime", *args],
+        [sys.executable, *python, "-m", "runtime", *args],
         cwd=cwd,
         env=full,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -269,7 +272,6 @@ def test_register_starts_instances_that_serve_the_uploaded_zip(platform, workspa
     assert reward not in platform.instances
 
 
-@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="the spec's examples are not here")
 def test_test_function_takes_the_sdk_example_input_and_fails_on_a_failed_output(platform, tmp_path):
     ws = tmp_path / "fails"
     (ws / "fns").mkdir(parents=True)
@@ -288,7 +290,7 @@ def test_test_function_takes_the_sdk_example_input_and_fails_on_a_failed_output(
     (instance,) = json.loads(done.stdout)["reward_instance_ids"]
     failed = cli(
         platform, "test-function", instance, "--type", "reward", "--input",
-        str(EXAMPLES / "resources" / "reward_input.json"), "-o", "json",
+        str(SPEC_EXAMPLES / "resources" / "reward_input.json"), "-o", "json",
     )  # fmt: skip
     assert failed.returncode == 1
     assert json.loads(failed.stdout)["status"] == "failed"
@@ -481,13 +483,12 @@ EXAMPLE_CLASSES = {
 }
 
 
-@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="the spec's examples are not here")
 def test_the_sdk_example_job_replays_the_spec_captured_request_shapes(platform, tmp_path):
     """The SDK's own job.yaml and opd-job.yaml, run as they are: the requests have the
     shapes the spec captured from the SDK (§2.4-2.7, §4.2, §5.5), apart from the documented
     differences (one layer for both functions, learning_rate a number)."""
     ws = tmp_path / "example"
-    shutil.copytree(EXAMPLES, ws)
+    shutil.copytree(SPEC_EXAMPLES, ws)
     for name, source in EXAMPLE_CLASSES.items():
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
         (ws / name).write_text(source)

@@ -10,17 +10,12 @@ from io import BytesIO
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLES
+from conftest import SAMPLES, SPEC_EXAMPLES
 
 from runtime.platform import packaging
 from runtime.platform.config import ConfigError, load_job_file
 from runtime.platform.functions import Component, ComponentError, resolve
 from runtime.platform.jobs import components_of, submit_body
-
-EXAMPLES = ROOT.parent / "shared" / "specs" / "examples"
-needs_examples = pytest.mark.skipif(
-    not EXAMPLES.is_dir(), reason="the spec's examples are not beside the repository"
-)
 
 
 def write(path: Path, text: str) -> Path:
@@ -28,9 +23,8 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-@needs_examples
 def test_the_sdk_example_files_load_with_documented_types():
-    job = load_job_file(EXAMPLES / "job.yaml")
+    job = load_job_file(SPEC_EXAMPLES / "job.yaml")
     job.check()
     hyper = job.config.training.hyper_parameters
     assert hyper is not None
@@ -41,7 +35,7 @@ def test_the_sdk_example_files_load_with_documented_types():
         "reward_metric_weightA": 0.3,
         "reward_metric_weightB": 0.7,
     }
-    opd = load_job_file(EXAMPLES / "opd-job.yaml")
+    opd = load_job_file(SPEC_EXAMPLES / "opd-job.yaml")
     opd.check()
     assert opd.config.teacher_model == "qwen3.5-397b-a17b"
     assert opd.config.training.type == "pg_opd"
@@ -321,3 +315,79 @@ def test_a_key_given_twice_names_both_lines(tmp_path):
     assert str(caught.value).endswith(
         "job.yaml:6: functions[0].name is given twice (first on line 4)"
     )
+
+
+_RUNTIME = "functions:\n- type: reward\n  runtime:\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "training:\n  hyper_parameters:\n    n_rollouts: -2\n",
+            ":3: training.hyper_parameters.n_rollouts: Input should be greater than 0",
+        ),
+        ("training:\n  hyper_parameters:\n    batch_size: 0\n", ":3: training.hyper_parameters."),
+        ("training:\n  hyper_parameters:\n    learning_rate: -2e-6\n", "learning_rate: Input"),
+        ("training:\n  hyper_parameters:\n    kl_loss_coef: -0.1\n", "kl_loss_coef: Input"),
+        ("training:\n  hyper_parameters:\n    save_total_limit: 0\n", "save_total_limit: "),
+        ("functions:\n- type: reward\n  timeout: 0\n", ":3: functions[0].timeout: Input"),
+        (_RUNTIME + "    concurrency: 0\n", ":4: functions[0].runtime.concurrency: Input"),
+        (_RUNTIME + "    cpu: -1\n", ":4: functions[0].runtime.cpu: Input"),
+        (_RUNTIME + "    memory_size: 0\n", ":4: functions[0].runtime.memory_size"),
+        (_RUNTIME + "    memory_scale_threshold: 1.5\n", "memory_scale_threshold: Input"),
+        (_RUNTIME + "    concurrency_scale_threshold: 0\n", "concurrency_scale_threshold"),
+        (_RUNTIME + "    min_capacity: -1\n", ":4: functions[0].runtime.min_capacity"),
+        (
+            _RUNTIME + "    min_capacity: 5\n    max_capacity: 2\n",
+            ":3: functions[0].runtime: min_capacity (5) is above max_capacity (2)",
+        ),
+    ],
+)
+def test_numbers_are_checked_against_their_meaning(tmp_path, text, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_job_file(write(tmp_path / "job.yaml", text))
+    assert expected in str(caught.value)
+
+
+def test_a_deeply_nested_job_file_is_refused_with_its_line(tmp_path):
+    deep = write(tmp_path / "deep.yaml", "name: x\nobservability: " + "[" * 1000 + "]" * 1000)
+    assert len(deep.read_bytes()) < 2100
+    with pytest.raises(ConfigError) as caught:
+        load_job_file(deep)
+    assert str(caught.value) == f"{deep}:2: nested more than 50 levels deep"
+    # what a job file needs is far from the limit: 40 levels load
+    load_job_file(write(tmp_path / "ok.yaml", "observability:\n  x: " + "[" * 40 + "]" * 40))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: x\nobservability: " + "[" * 1000 + "]" * 1000 + "\n", "nested more than"),
+        (
+            "name: x\ntraining:\n  hyper_parameters:\n    n_rollouts: -2\n",
+            "job.yaml:4: training.hyper_parameters.n_rollouts: Input should be greater than 0",
+        ),
+    ],
+)
+def test_job_run_refuses_a_bad_job_file_as_a_usage_error(tmp_path, text, expected):
+    """Exit 2, one line, before anything is sent (the base URL answers nothing)."""
+    import subprocess
+    import sys
+
+    write(tmp_path / "job.yaml", text)
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "job", "run", "-c", "job.yaml"],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "DASHSCOPE_API_KEY": "sk-test",
+            "DASHSCOPE_HTTP_BASE_URL": "http://127.0.0.1:9",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error: ")
+    assert expected in done.stderr

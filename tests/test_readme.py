@@ -9,6 +9,10 @@
   ``python -m runtime serve`` of the last processor the README served (and, for the rollout,
   the LLM stand-in started from its command line); where the README shows the answer
   (a ``# {...}`` line, ``...`` standing for anything), the answer must match it.
+- ``job run`` runs against the platform stand-in started from its command line, when its
+  block exports ``DASHSCOPE_HTTP_BASE_URL`` (a block without is for the real platform: only
+  its flags are checked). What it prints must match the ``text`` block right after its
+  block, apart from numbers and hex ids (sizes, times, ids).
 
 A block may be left out with an HTML comment just before it, with a reason:
 ``<!-- readme-test: skip (needs a GPU endpoint) -->``; only its imports are run then.
@@ -57,6 +61,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     skip: str | None = None  # the reason given
     save_as: str | None = None
+    output: str | None = None  # a ``text`` block right after: what the last command prints
 
     @property
     def id(self) -> str:
@@ -75,6 +80,8 @@ def readme_blocks() -> list[Block]:
                 marker = None  # a marker applies to the block right after it
             continue
         block = Block(token.info.strip().split(" ")[0], token.content, token.map[0] + 1)
+        if block.lang == "text" and blocks and blocks[-1].lang == "bash":
+            blocks[-1].output = block.text
         if marker is not None:
             kind, value = marker
             if kind == "skip":
@@ -144,13 +151,16 @@ def test_python_block_runs_as_written(block: Block, workspace: Path, tmp_path: P
 
 def commands(block: Block) -> Iterator[tuple[list[str], str | None]]:
     """Each simple command of a block as its words (leading VAR=value dropped), with the
-    expected answer shown on the ``# {...}`` line right after it, if any."""
+    expected answer shown on the ``# {...}`` line right after it, if any; the block's last
+    command without one has the block's ``output``."""
     lines = block.text.replace("\\\n", " ").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+    command_lines = [i for i, line in enumerate(lines) if line.strip() and line.lstrip()[0] != "#"]
+    for i in command_lines:
+        line = lines[i]
         following = lines[i + 1].strip() if i + 1 < len(lines) else ""
         expected = following[1:].strip() if following.startswith("# {") else None
+        if i == command_lines[-1] and expected is None:
+            expected = block.output
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
         lexer.whitespace_split = True
         lexer.commenters = "#"
@@ -265,8 +275,13 @@ def test_the_console_script_is_the_cli() -> None:
 
 
 def _matches(expected: str, text: str) -> bool:
-    pattern = ".*".join(re.escape(part) for part in expected.split("..."))
+    pattern = ".*".join(re.escape(part) for part in expected.strip().split("..."))
     return re.fullmatch(pattern, text.strip(), re.S) is not None
+
+
+def _varying(text: str) -> str:
+    """Numbers and hex ids made alike: sizes, times and ids differ from run to run."""
+    return re.sub(r"\b[0-9a-f]+\b", "N", text)
 
 
 def _compact(text: str) -> str:
@@ -284,15 +299,16 @@ class Walk:
         self.serve: list[str] | None = None  # the serve arguments last shown
         self.server: Server | None = None
         self.server_args: list[str] | None = None
-        self.stub: subprocess.Popen[bytes] | None = None
+        self.stand_ins: list[subprocess.Popen[bytes]] = []
+        self.platform: tuple[str, int] | None = None  # the README's port, the stand-in's
         self.ran: list[str] = []
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
-        if self.stub is not None:
-            self.stub.send_signal(signal.SIGINT)
-            self.stub.wait(15)
+        for process in self.stand_ins:
+            process.send_signal(signal.SIGINT)  # Ctrl-C, as the README says
+            process.wait(30)
 
     def _server(self) -> Server:
         assert self.serve is not None, "a curl line before any serve line"
@@ -305,23 +321,46 @@ class Walk:
             self.server.wait_ready(60)
         return self.server
 
-    def _start_stub(self, words: list[str]) -> None:
-        port = free_port()
-        request = self.workspace / "requests" / "rollout.json"
-        written = words[words.index("--port") + 1]
-        # the README's port is for a user's machine; the test's stand-in takes a free one
-        request.write_text(request.read_text().replace(f":{written}/", f":{port}/"))
+    def _start(self, words: list[str]) -> tuple[str, int]:
+        """A stand-in started from its command line (``python ../tests/NAME --port N``), on
+        a free port: N is for a user's machine. Returns N and the port."""
         script = (SAMPLES / words[1]).resolve()  # the workspace is a copy of sample_functions/
-        assert script == TESTS / "llm_stub.py", f"{words[1]} is not tests/llm_stub.py"
-        self.stub = subprocess.Popen([sys.executable, str(script), "--port", str(port)])
+        assert script.parent == TESTS, f"{words[1]} is not in tests/"
+        port = free_port()
+        process = subprocess.Popen([sys.executable, str(script), "--port", str(port)])
+        self.stand_ins.append(process)
         deadline = time.monotonic() + 30
         while True:
             try:
                 httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
-                return
+                return words[words.index("--port") + 1], port
             except httpx.TransportError:
-                assert self.stub.poll() is None and time.monotonic() < deadline
+                assert process.poll() is None and time.monotonic() < deadline
                 time.sleep(0.05)
+
+    def _job_run(self, block: Block, args: list[str]) -> str | None:
+        """What ``job run`` prints, progress then result, against the stand-in platform; None
+        for a block that does not export its URL (the real platform's)."""
+        exported = dict(
+            word.split("=", 1) for words, _ in commands(block) if words[0] == "export"
+            for word in words[1:]
+        )  # fmt: skip
+        if "DASHSCOPE_HTTP_BASE_URL" not in exported:
+            return None
+        assert self.platform is not None, f"README line {block.line}: no stand-in platform yet"
+        written, port = self.platform
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DASHSCOPE_", "FC_"))}
+        env.update({k: v.replace(f":{written}/", f":{port}/") for k, v in exported.items()})
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime", *args],
+            cwd=self.workspace,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"README line {block.line}:\n{done.stderr}"
+        return done.stderr + done.stdout
 
     def run(self, block: Block, words: list[str], expected: str | None) -> None:
         args = runtime_args(words)
@@ -335,7 +374,13 @@ class Walk:
             self.serve = serve
             return
         if words[:2] == ["python", "../tests/llm_stub.py"]:
-            self._start_stub(words)
+            written, port = self._start(words)
+            request = self.workspace / "requests" / "rollout.json"
+            request.write_text(request.read_text().replace(f":{written}/", f":{port}/"))
+            self.ran.append(line)
+            return
+        if words[:2] == ["python", "../tests/platform_standin.py"]:
+            self.platform = self._start(words)
             self.ran.append(line)
             return
         if args is not None and args[:1] == ["invoke"]:
@@ -357,6 +402,10 @@ class Walk:
             )
             assert done.returncode == 0 and done.stdout, f"README line {block.line}: {line}"
             output = done.stdout
+        elif args is not None and args[:2] == ["job", "run"]:
+            if (printed := self._job_run(block, args)) is None:
+                return
+            output, expected = _varying(printed), expected and _varying(expected)
         else:
             return
         self.ran.append(line)
@@ -380,6 +429,8 @@ def test_the_walk_through_answers_as_shown(workspace: Path) -> None:
     # what the README promises to a new user was really exercised
     assert sum(line.startswith("curl") for line in walk.ran) >= 5, walk.ran
     assert any("llm_stub" in line for line in walk.ran), walk.ran
+    assert any("platform_standin" in line for line in walk.ran), walk.ran
+    assert any(" job run " in line for line in walk.ran), walk.ran
     assert any(" invoke " in line for line in walk.ran), walk.ran
 
 

@@ -63,6 +63,8 @@ def test_metrics_add_up_across_workers(start_server):
             assert fresh.post("/api/v1", json=reward_body()).status_code == 200
     text = server.client.get("/metrics").text
     assert metric(text, "rl_function_requests_total", 'func_type="reward",status="200"') == 20
+    results = 'error_code="",route="/api/v1",status="success"'
+    assert metric(text, "rl_function_results_total", results) == 20
     assert server.terminate() == 0  # and its shared metrics directory goes with it
 
 

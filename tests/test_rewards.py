@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import re
 import threading
 import time
 
@@ -296,7 +297,7 @@ def test_fail_mode_fails_the_result_naming_each_failed_sub_reward() -> None:
 
 
 def test_an_unknown_sub_reward_errors_mode_is_refused() -> None:
-    with pytest.raises(ValueError, match="zero or fail"):
+    with pytest.raises(ValueError, match="zero, fail or renormalize"):
         SubRewardErrors(mode="ignore")
 
 
@@ -442,21 +443,22 @@ def test_reward_processors_have_a_working_executor() -> None:
     mine.shutdown()
 
 
-def test_the_failure_log_resumes_after_its_interval_saying_how_many_it_left_out(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+def test_the_failures_left_out_are_counted_when_their_window_closes(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    now = [1000.0]
-    monkeypatch.setattr("processors_base.rewards.time.monotonic", lambda: now[0])
     processor = Judged()
-    processor._runtime_sub_reward_errors = SubRewardErrors(log_every=60.0)
+    processor._runtime_sub_reward_errors = errors = SubRewardErrors(log_every=60.0)
     with caplog.at_level(logging.ERROR):
         for _ in range(4):
             run(processor)
-        now[0] += 61.0
-        run(processor)
+        errors.flush()  # as at shutdown; a timer does it when the window ends
+        errors.flush()  # once only
+        run(processor)  # a new window: logged at once
     logged = [r.getMessage() for r in caplog.records if "'judge'" in r.getMessage()]
-    assert len(logged) == 2
-    assert "3 more failures of it were not logged in the last 60s" in logged[1]
+    assert len(logged) == 3, logged
+    assert logged[0].startswith("sub-reward 'judge' of Judged failed")
+    assert re.fullmatch(r".*: 3 more failures in the [\d.]+s after the one logged.*", logged[1])
+    assert logged[2].startswith("sub-reward 'judge' of Judged failed")
 
 
 def test_reward_func_used_bare_takes_the_class_name() -> None:
@@ -503,3 +505,99 @@ def test_two_aggregates_the_later_in_name_order_wins() -> None:
 
     assert registry_of(TwoAggregates).aggregate == "z_last"
     assert run(TwoAggregates()).reward.reward_score == 7.0
+
+
+def renormalizing(processor: AbstractRewardProcessor) -> AbstractRewardProcessor:
+    processor._runtime_sub_reward_errors = SubRewardErrors(mode="renormalize")
+    return processor
+
+
+@reward_func("three_judges")
+class ThreeJudges(AbstractRewardProcessor):
+    """Weights 0.5, 0.3 and -0.2 (a penalty); each fails when its name is in ``FAILING``."""
+
+    failing: frozenset[str] = frozenset()
+
+    def _score(self, name: str, score: float) -> RewardOutput:
+        if name in self.failing:
+            raise TimeoutError(f"{name} timed out")
+        return out(score)
+
+    @sub_reward_func("a", sub_weight=0.5)
+    def a(self, input_data: RewardInput) -> RewardOutput:
+        return self._score("a", 1.0)
+
+    @sub_reward_func("b", sub_weight=0.3)
+    def b(self, input_data: RewardInput) -> RewardOutput:
+        return self._score("b", 0.5)
+
+    @sub_reward_func("penalty", sub_weight=-0.2)
+    def penalty(self, input_data: RewardInput) -> RewardOutput:
+        return self._score("penalty", 1.0)
+
+
+def three(*failing: str) -> RewardOutput:
+    processor = renormalizing(ThreeJudges())
+    processor.failing = frozenset(failing)
+    return run(processor)
+
+
+def test_renormalize_leaves_a_failed_sub_reward_out_and_scales_the_others() -> None:
+    whole = 0.5 + 0.3 - 0.2
+    assert three().reward.reward_score == pytest.approx(0.5 * 1.0 + 0.3 * 0.5 - 0.2)
+    assert "renormalized" not in three().reward.reward_metrics  # nothing failed: unmarked
+    result = three("b")  # 0.5 and -0.2 left, scaled to sum to 0.6 again
+    assert result.status is TaskStatus.SUCCESS
+    assert result.reward.reward_score == pytest.approx((0.5 * 1.0 - 0.2 * 1.0) * whole / 0.3)
+    assert result.reward.reward_metrics == {
+        "a": 1.0,
+        "b": 0.0,
+        "penalty": 1.0,
+        "b.failed": 1.0,
+        "renormalized": 1.0,
+    }
+
+
+def test_renormalize_with_nothing_left_to_carry_the_weight_is_a_failure() -> None:
+    for failing in (("a", "b", "penalty"), ("a", "b")):  # all, or only the penalty left
+        result = three(*failing)
+        assert result.status is TaskStatus.FAILED, failing
+        assert result.error_code == "SUB_REWARD_ERROR"
+        assert "no sub-reward that succeeded carries weight to renormalise" in result.error
+        assert "a timed out" in result.error
+
+
+def test_renormalize_leaves_out_a_sub_reward_that_says_it_failed() -> None:
+    @reward_func("says_failed_twice")
+    class SaysFailed(AbstractRewardProcessor):
+        @sub_reward_func("ok", sub_weight=0.25)
+        def ok(self, input_data: RewardInput) -> RewardOutput:
+            return out(0.8)
+
+        @sub_reward_func("unsure", sub_weight=0.75)
+        def unsure(self, input_data: RewardInput) -> RewardOutput:
+            return RewardOutput(reward=Reward(reward_score=1.0), status=TaskStatus.FAILED)
+
+    result = run(renormalizing(SaysFailed()))
+    assert result.reward.reward_score == pytest.approx(0.8)  # its own 1.0 is not counted
+    assert result.reward.reward_metrics["unsure.failed"] == 1.0
+
+
+def test_with_an_aggregate_renormalize_lets_it_decide() -> None:
+    @reward_func("judged_aggregate")
+    class JudgedAggregate(Judged):
+        @aggregate_func
+        def combine(self, sub_rewards: dict[str, RewardOutput]) -> RewardOutput:
+            return out(self.get_total(sub_rewards), seen=float(len(sub_rewards)))
+
+    @reward_func("all_failed_aggregate")
+    class AllFailed(JudgedAggregate):
+        @sub_reward_func("format", sub_weight=0.2)
+        def format_ok(self, input_data: RewardInput) -> RewardOutput:
+            raise ValueError("no format")
+
+    result = run(renormalizing(JudgedAggregate()))
+    assert result.status is TaskStatus.SUCCESS
+    assert result.reward.reward_score == pytest.approx(0.2)  # it saw the failed one, as zero
+    assert result.reward.reward_metrics == {"seen": 2.0}
+    assert run(renormalizing(AllFailed())).status is TaskStatus.FAILED  # nothing to decide on

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from urllib.parse import quote, quote_plus
 
+import anyio
 import pytest
 from conftest import SAMPLES, TESTS, free_port, reward_body
 from otlp_receiver import OTLPReceiver
@@ -19,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from threaded_server import ThreadedServer
 
+import runtime as runtime_package
 from processors_base.observability._core import capture
 
 KEY = "sk-Zm9v/YmFy+baz=qux"  # "/", "+" and "=": each URL encoding of it differs
@@ -76,8 +81,18 @@ def leaked(text: str) -> list[str]:
     return [name for name, form in FORMS.items() if form in text]
 
 
+def frames_in(text: str, *packages: ModuleType) -> list[str]:
+    """The traceback frames of ``text`` in the files of ``packages``: compared by directory,
+    as a piece of a path ("runtime/") is also in a clone's own name (agentic-rl-runtime/)."""
+    roots = [Path(package.__file__).resolve().parent for package in packages]
+    files = [Path(name).resolve() for name in re.findall(r'File "([^"]+)", line', text)]
+    assert files, f"no traceback frame in:\n{text}"
+    return [str(f) for f in files if any(f.is_relative_to(root) for root in roots)]
+
+
 def test_key_in_a_url_is_blanked_from_body_log_and_httpx_lines(start_server, api):
-    server = start_server("workspace.secret_fns:KeyInUrlRollout")
+    # at DEBUG: httpx's per-call lines are left out at INFO
+    server = start_server("workspace.secret_fns:KeyInUrlRollout", env={"LOG_LEVEL": "debug"})
     response = server.post(rollout(api.url, log=True))
     assert response.status_code == 500
     assert api.queries == [f"key={FORMS['quote']}"]  # the key really went out, URL-encoded
@@ -107,7 +122,7 @@ def test_isolation_processes_scrub_their_lines_and_show_user_frames(start_server
     assert leaked(log) == [] and "hunter2" not in log
     assert log.count("Traceback (most recent call last)") == 1
     assert 'secret_fns.py", line' in log and "raise_for_status" in log
-    assert "runtime/offload.py" not in log and "runtime/function.py" not in log
+    assert frames_in(log, runtime_package) == []
 
 
 def test_failing_process_logs_the_traceback_of_user_code_once(start_server):
@@ -122,7 +137,7 @@ def test_failing_process_logs_the_traceback_of_user_code_once(start_server):
     assert log.count("Traceback (most recent call last)") == 1
     assert 'secret_fns.py", line' in log and "in _score" in log and "in process" in log
     assert "ZeroDivisionError: float division by zero" in log
-    assert "runtime/function.py" not in log and "anyio" not in log  # the runtime's frames
+    assert frames_in(log, runtime_package, anyio) == []  # the runtime's frames
 
 
 def test_traced_failure_has_no_encoded_key_in_the_span(start_server, api):
@@ -222,7 +237,7 @@ def test_invoke_prints_the_traceback_of_user_code():
     stderr = done.stderr.decode()
     assert stderr.startswith("Traceback (most recent call last)")
     assert 'secret_fns.py", line' in stderr and "in _score" in stderr
-    assert "runtime/" not in stderr and "anyio" not in stderr
+    assert frames_in(stderr, runtime_package, anyio) == []
     assert stderr.rstrip().endswith("error: ZeroDivisionError: float division by zero")
 
 

@@ -17,20 +17,26 @@ Wire shapes, as read from the trainers' sources:
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Server
+from conftest import Server, reward_body
+
+from runtime.config import Settings
 
 TARGET = "workspace.trainer_fns:MatchReward"
 PROMPT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _started(*args: str, target: str = TARGET) -> Iterator[Server]:
-    server = Server(target, *args)
+def _started(
+    *args: str, target: str = TARGET, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    server = Server(target, *args, env=env)
     try:
         server.wait_ready(timeout=60)
         yield server
@@ -456,3 +462,172 @@ def test_trainer_bodies_share_the_body_limits() -> None:
         assert too_big.status_code == 413
         assert too_big.json()["error_code"] == "BODY_TOO_LARGE"
         assert too_big.headers["connection"] == "close"  # its body was left unread
+
+
+# --- issue 20: failed samples, batch bounds, malformed Gym rows, renormalize -------------
+
+
+def test_a_failed_sample_is_zero_in_every_score_field() -> None:
+    # FAILEDMETRIC returns status failed with reward_score 1.0 and a "score" metric of 1.0
+    for server in _started():
+        body = openrlhf(server, [PROMPT + "42", PROMPT + "FAILEDMETRIC"], [PROMPT] * 2, [42] * 2)
+        assert body.json()["rewards"] == [1.0, 0.0]
+        assert body.json()["scores"] == [1.0, 0.0]  # OpenRLHF's dynamic filtering averages these
+        assert body.json()["extra_logs"]["score"] == [0.0, 0.0]
+        assert body.json()["extra_logs"]["reward_failed"] == [0.0, 1.0]
+        assert slime(server, "q", "FAILEDMETRIC", "42").json() == 0.0
+        for key in ("reward", "score"):
+            answer = slime(server, "q", "FAILEDMETRIC", "42", reward_key=key).json()
+            assert (answer[key], answer["score"], answer["reward_failed"]) == (0.0, 0.0, True)
+        gym = server.client.post("/verify", json=gym_row("FAILEDMETRIC")).json()
+        assert (gym["reward"], gym["reward_components"]["score"]) == (0.0, 0.0)
+        assert gym["reward_components"]["reward_failed"] == 1.0
+
+
+def test_a_batch_over_the_sample_limit_is_refused_before_any_sample_runs() -> None:
+    for server in _started("--trainer-max-samples", "4"):
+        assert openrlhf(server, [PROMPT + "42"] * 4, [PROMPT] * 4, [42] * 4).status_code == 200
+        over = openrlhf(server, [PROMPT + "RAISE"] * 5, [PROMPT] * 5, [42] * 5)
+        assert over.status_code == 413
+        assert over.json()["error_code"] == "BODY_TOO_LARGE"
+        assert "5 samples" in over.json()["error"]
+        assert "at most 4 (--trainer-max-samples, TRAINER_MAX_SAMPLES)" in over.json()["error"]
+        assert "the judge broke" not in server.output()  # no sample was scored
+
+
+def test_the_issues_batch_of_750000_samples_is_refused_within_the_memory_bound() -> None:
+    # 9.75 MB of one-character samples: once 1.9 GB of RSS and 152 s of a blocked loop
+    count = 750_000
+    for server in _started():
+        answer = openrlhf(server, ["x"] * count, [""] * count, ["x"] * count)
+        assert answer.status_code == 413
+        assert f"{count} samples" in answer.json()["error"]
+        assert server.client.get("/health").status_code == 200
+        status = Path(f"/proc/{server.proc.pid}/status").read_text()
+        peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
+        assert peak_kb < 512 * 1024  # the README's worst case per worker
+
+
+def test_health_answers_while_a_batch_at_the_limit_is_validated(tmp_path: Path) -> None:
+    limit = Settings().trainer_max_samples
+    labels = ["42"] * (limit - 1) + ["PAUSE"]  # the last sample's validation blocks
+    target = "workspace.trainer_fns:PausingReward"
+    for server in _started(target=target, env={"PAUSE_DIR": str(tmp_path)}):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            batch = pool.submit(openrlhf, server, [PROMPT + "42"] * limit, [PROMPT] * limit, labels)
+            try:
+                wait_for(lambda b=batch: (tmp_path / "paused").exists() or b.done())
+                assert not batch.done(), batch.result().text[:300]
+                # validation is held up in user code: the event loop must not be
+                assert server.client.get("/health", timeout=15).status_code == 200
+            finally:
+                (tmp_path / "release").touch()
+            answer = batch.result()
+        assert answer.status_code == 200
+        assert answer.json()["rewards"] == [1.0] * limit
+
+
+def test_a_batch_holds_its_samples_in_the_body_budget() -> None:
+    # --max-body / --trainer-max-samples: each sample holds 1000 bytes of the 6000
+    args = ("--max-body", "4000", "--max-buffered", "6000", "--trainer-max-samples", "4")
+    for server in _started(*args, "--trainer-timeout", "5"):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            hung = pool.submit(openrlhf, server, [PROMPT + "HANG"] * 4, [PROMPT] * 4, [42] * 4)
+            wait_for(lambda s=server: metric(s, "rl_function_requests_in_flight") >= 1)
+            full = openrlhf(server, [PROMPT + "42"] * 3, [PROMPT] * 3, [42] * 3)
+            assert full.status_code == 503
+            assert full.json()["error_code"] == "OVERLOADED"
+            assert full.headers["retry-after"] == "1"
+            assert slime(server, "q", "42", "42").json() == 1.0  # a single sample still fits
+            assert hung.result().json()["rewards"] == [0.0] * 4
+        assert openrlhf(server, [PROMPT + "42"] * 4, [PROMPT] * 4, [42] * 4).status_code == 200
+
+
+def _gym_malformed() -> list[tuple[str, dict[str, Any]]]:
+    """(what is wrong, the row): the issue's three shapes and their siblings."""
+    shapes = []
+
+    def shape(what: str, change: Callable[[dict[str, Any]], None]) -> None:
+        row = gym_row("42")
+        change(row)
+        shapes.append((what, row))
+
+    params = "responses_create_params"
+    shape("input is a number", lambda r: r[params].update(input=5))
+    shape("output is a number", lambda r: r["response"].update(output=7))
+    shape(
+        "a text part holds a number",
+        lambda r: r["response"]["output"][3]["content"][0].update(text=5),
+    )
+    shape("an input item is a number", lambda r: r[params]["input"].append(5))
+    shape("an input content part is text", lambda r: r[params]["input"][1].update(content=["hi"]))
+    shape(
+        "a refusal is a number",
+        lambda r: r["response"]["output"][3]["content"].append({"type": "refusal", "refusal": 5}),
+    )
+    shape("a role is a number", lambda r: r[params]["input"][0].update(role=5))
+    shape("an item type is a number", lambda r: r["response"]["output"][0].update(type=5))
+    shape(
+        "call arguments are an object",
+        lambda r: r["response"]["output"][1].update(arguments={"expr": "6*7"}),
+    )
+    shape("a tool output is a number", lambda r: r["response"]["output"][2].update(output=42))
+    shape("tools are a number", lambda r: r[params].update(tools=5))
+    return shapes
+
+
+def test_gym_malformed_rows_are_422_without_a_traceback() -> None:
+    for server in _started():
+        for what, row in _gym_malformed():
+            answer = server.client.post("/verify", json=row)
+            assert answer.status_code == 422, (what, answer.text)
+            assert answer.json()["error_code"] == "INVALID_INPUT", what
+            assert answer.json()["detail"][0]["field"], what  # names the offending field
+        log = server.output()
+        assert "Traceback" not in log and "INTERNAL_ERROR" not in log, log
+        assert server.client.post("/verify", json=gym_row("42")).json()["reward"] == 1.0
+
+
+def test_sub_reward_errors_renormalize_leaves_a_failed_judge_out() -> None:
+    # correct (0.8) succeeds, style (0.2, the judge) times out: zero would give 0.8, fail 0.0
+    target = "workspace.trainer_fns:StyleJudgedReward"
+    for server in _started(target=target, env={"SUB_REWARD_ERRORS": "renormalize"}):
+        timed_out = reward_body()
+        timed_out["agent_output"]["messages"] = [{"role": "assistant", "content": "42 TIMEOUT"}]
+        body = server.post(timed_out).json()
+        assert body["status"] == "success"
+        assert body["reward"]["reward_score"] == pytest.approx(1.0)  # 0.8 of 0.8, renormalised
+        assert body["reward"]["reward_metrics"] == {
+            "correct": 1.0,
+            "style": 0.0,
+            "style.failed": 1.0,
+            "renormalized": 1.0,
+        }
+        plain = server.post(reward_body()).json()["reward"]  # nothing failed: unmarked
+        assert plain == {
+            "reward_score": pytest.approx(0.9),
+            "reward_metrics": {"correct": 1.0, "style": 0.5},
+        }
+        both = reward_body()
+        both["agent_output"]["messages"] = [{"role": "assistant", "content": "BOTH"}]
+        failed = server.post(both).json()  # nothing left to renormalise: a failure
+        assert (failed["status"], failed["error_code"]) == ("failed", "SUB_REWARD_ERROR")
+
+        first = slime(server, "q", "42", "42", reward_key="reward").json()
+        assert first["renormalized"] == 0.0  # a name known from the start, as the ".failed"
+        answers = ["42 TIMEOUT", "42", "BOTH"]
+        logs = openrlhf(server, [PROMPT + a for a in answers], [PROMPT] * 3, [42] * 3).json()
+        assert logs["rewards"] == pytest.approx([1.0, 0.9, 0.0])
+        assert logs["extra_logs"]["renormalized"] == [1.0, 0.0, 0.0]
+        assert logs["extra_logs"]["style.failed"] == [1.0, 0.0, 1.0]
+        assert logs["extra_logs"]["reward_failed"] == [0.0, 0.0, 1.0]
+
+        assert slime(server, "q", "42 TIMEOUT", "42").json() == pytest.approx(1.0)
+        keyed = slime(server, "q", "42 TIMEOUT", "42", reward_key="reward").json()
+        assert (keyed["reward"], keyed["renormalized"], keyed["reward_failed"]) == (
+            pytest.approx(1.0),
+            1.0,
+            False,
+        )
+        assert slime(server, "q", "BOTH", "42", reward_key="reward").json()["reward_failed"]
+        server.wait_output("left out, the weights of the others renormalised")

@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
-from processors_base.redaction import REDACTED, redact, request_secrets, secret_forms
+from processors_base.redaction import REDACTED, redact_head, request_secrets
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 # Read here, not in runtime.config's table: this instrumentation also runs where no serve
@@ -149,7 +149,6 @@ def capture(value: Any, limit: int | None = None) -> str:
     """
     budget = limit if limit is not None else capture_limit()
     secrets = request_secrets.get()
-    longest = max((len(s) for s in secret_forms(secrets)), default=0) if secrets else 0
     parts: list[str] = []
     left = budget
 
@@ -160,10 +159,6 @@ def capture(value: Any, limit: int | None = None) -> str:
             raise _Full
         parts.append(text)
         left -= len(text)
-
-    def scrub(text: str) -> str:
-        # the request's secrets in any encoding, bearer tokens, URLs with a password
-        return redact(text, secrets)
 
     def walk(item: Any, depth: int) -> None:
         if depth > 32:
@@ -177,16 +172,24 @@ def capture(value: Any, limit: int | None = None) -> str:
                 else f'"{item}"'
             )
         elif isinstance(item, str):
-            # Cut before escaping (a huge string is never processed whole), but past the
-            # budget by the longest secret, so that none is cut in half and left unrecognised.
-            emit(json.dumps(scrub(item[: left + longest]), ensure_ascii=False))
+            # Cut before it is scrubbed and escaped: a huge string is never processed whole
+            # (redact_head scrubs a margin past the cut: no secret is cut in half and kept).
+            cut = len(item) > left
+            emit(json.dumps(redact_head(item, left, secrets), ensure_ascii=False))
+            if cut:  # even where blanking made what is kept short: marked as cut
+                raise _Full
         elif type(item).__name__ in ("SecretStr", "SecretBytes"):
             emit(f'"{REDACTED}"')
         elif isinstance(item, Mapping):
             emit("{")
             for index, (key, inner) in enumerate(item.items()):
-                emit(("," if index else "") + json.dumps(str(key), ensure_ascii=False) + ":")
-                if is_secret_key(str(key)):
+                name = str(key)  # scrubbed and cut as a string value is (a URL, the key)
+                cut = len(name) > left
+                shown = json.dumps(redact_head(name, left, secrets), ensure_ascii=False)
+                emit(("," if index else "") + shown + ":")
+                if cut:
+                    raise _Full
+                if is_secret_key(name):
                     emit(f'"{REDACTED}"')
                 else:
                     walk(inner, depth + 1)

@@ -10,7 +10,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from processors_base.observability._core import capture, capture_enabled, handler
-from processors_base.redaction import redact
+from processors_base.redaction import in_flight, redact, redact_head, redact_tail, request_secrets
 
 # request keyword -> LLMInvocation field
 _REQUEST_PARAMS = {
@@ -56,11 +56,27 @@ def scrub(text: str, extra: Iterable[str] = ()) -> str:
     return redact(text, extra, credentials=False) if extra else text
 
 
+MAX_TEXT = 16_000  # characters of an exception's message, and of its stack, on a span
+
+
+def scrub_capped(text: str, extra: Iterable[str] = ()) -> str:
+    """``scrub``, the middle of a text past MAX_TEXT cut (as a log line's) before it is
+    scrubbed: a huge exception message is never scrubbed whole (on the event loop)."""
+    extra = tuple(extra)
+    if len(text) <= MAX_TEXT:
+        return scrub(text, extra)
+    half = MAX_TEXT // 2
+    secrets = (*(request_secrets.get() or in_flight.snapshot), *extra)
+    head, tail = redact_head(text, half, secrets), redact_tail(text, half, secrets)
+    return f"{head}\n... [{len(text) - 2 * half} characters cut] ...\n{tail}"
+
+
 def record_error(span: Span, exc: BaseException, extra_secrets: Iterable[str] = ()) -> None:
     """Status ERROR and one exception event, with the request's secrets blanked out."""
     secrets = tuple(extra_secrets)
-    message = scrub(str(exc), secrets)
-    stack = scrub("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), secrets)
+    message = scrub_capped(str(exc), secrets)
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    stack = scrub_capped(stack, secrets)
     span.record_exception(
         exc, attributes={"exception.message": message, "exception.stacktrace": stack}
     )
@@ -126,7 +142,8 @@ def fail_llm(
 
     if invocation.span is not None:
         record_error(invocation.span, exc, secrets)
-    handler(provider).fail_llm(invocation, Error(message=scrub(str(exc), secrets), type=type(exc)))
+    message = scrub_capped(str(exc), secrets)
+    handler(provider).fail_llm(invocation, Error(message=message, type=type(exc)))
 
 
 class StreamState:

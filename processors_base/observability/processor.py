@@ -28,6 +28,7 @@ from opentelemetry.trace import (
 
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled
+from processors_base.redaction import redact_head
 
 __all__ = [
     "observe_processor",
@@ -111,7 +112,8 @@ def record_output(span: Span, output: Any) -> None:
     if status == "failed":
         span.set_attribute("agentic_rl.status", "failed")
         error = _spans.field(output, "error")
-        span.set_status(Status(StatusCode.ERROR, _spans.scrub(str(error or "failed"))[:500]))
+        # cut before it is scrubbed: an error text may be huge
+        span.set_status(Status(StatusCode.ERROR, redact_head(str(error or "failed"), 500)))
     if capture_enabled():
         span.set_attribute("agentic_rl.output", capture(output))
 

@@ -115,7 +115,7 @@ def _tool_span(
     except BaseException as exc:
         if invocation.span is not None:
             _spans.record_error(invocation.span, exc)
-        message = _spans.scrub(str(exc))
+        message = _spans.scrub_capped(str(exc))
         telemetry.fail_execute_tool(invocation, Error(message=message, type=type(exc)))
         raise
 

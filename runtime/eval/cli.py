@@ -204,6 +204,8 @@ def _prepare_out(out: Path, force: bool) -> str | None:
     import shutil
     import tempfile
 
+    if out.is_symlink():  # its files are written in place, never through a link
+        return f"--out {out}: is a symbolic link; name the directory it points to"
     if out.exists() and not out.is_dir():
         return f"--out {out}: exists and is not a directory"
     try:
@@ -276,6 +278,8 @@ def _run(args: argparse.Namespace) -> int:
             )
 
     reporter = Reporter()
+    if warning := plan.scrub.warning():
+        reporter.note(warning)
     components = [f.component for f in plan.functions]
     try:
         if components:  # an OPD job may have none: the LLM alone is tried

@@ -23,6 +23,8 @@ __all__ = ["DEFAULT_SAMPLING", "LLM", "FunctionUnderTest", "Plan", "PlanError", 
 DEFAULT_TIMEOUT = 600.0
 # Sampling parameters when the job file has none (hyper_parameters.sampling_params).
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0}
+# Levels of nesting in a data line: eval's walks of a line recurse, and orjson writes 254.
+MAX_DEPTH = 100
 
 
 class PlanError(Exception):
@@ -125,10 +127,27 @@ def read_samples(paths: list[Path], count: int, key: str | None) -> list[Sample]
                     raise PlanError(f"{path}:{number}: not JSON ({exc})") from None
                 if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
                     raise PlanError(f"{path}:{number}: not a JSON object with a 'messages' list")
+                if _deeper(record, MAX_DEPTH):
+                    raise PlanError(f"{path}:{number}: nested more than {MAX_DEPTH} levels deep")
                 samples.append(Sample(str(path), number, record, _ground_truth(record, key)))
     if not samples:
         raise PlanError(f"no data lines in {', '.join(str(p) for p in paths)}")
     return samples
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` levels (a loop, not a
+    recursion: that is what it guards)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > limit:
+                return True
+            stack += [(child, depth + 1) for child in item]
+    return False
 
 
 def _data_paths(job: JobFile, split: str, data: str | None) -> list[Path]:
@@ -255,5 +274,7 @@ def make(
         seed=seed,
         max_failure_rate=max_failure_rate,
         ground_truth_key=ground_truth_key,
-        scrub=Scrubber(llm_api_key, llm_base_url, [s.record for s in lines]),
+        scrub=Scrubber(
+            llm_api_key, llm_base_url, [(f"{Path(s.file).name}:{s.line}", s.record) for s in lines]
+        ),
     )

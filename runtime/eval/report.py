@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from runtime.eval.files import write_file
 from runtime.eval.plan import Plan
 from runtime.eval.runner import Results, Trajectory
 from runtime.eval.stats import total_of, unscored
@@ -201,6 +202,7 @@ def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
         "total": total_of(plan, trajectory),  # null: not every reward scored it
         "latency_s": trajectory.latency,
         "errors": trajectory.errors,
+        "invalid_text": trajectory.invalid_text,  # replaced with U+FFFD: flagged
     }
     if not (plan.rewards or plan.group_rewards):
         del line["total"]  # no reward, no total: absent, as in summary.json
@@ -208,14 +210,18 @@ def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
 
 
 def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> None:
+    """``trajectories.jsonl`` and ``summary.json``, of values already scrubbed."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "trajectories.jsonl").open("wb") as lines:
-        for trajectory in results.trajectories:
-            if trajectory.status != "pending":
-                lines.write(orjson.dumps(_trajectory_line(plan, trajectory)) + b"\n")
-    (out / "summary.json").write_bytes(
-        orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    write_file(
+        out / "trajectories.jsonl",
+        (
+            orjson.dumps(_trajectory_line(plan, trajectory)) + b"\n"
+            for trajectory in results.trajectories
+            if trajectory.status != "pending"
+        ),
     )
+    options = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+    write_file(out / "summary.json", (orjson.dumps(summary, option=options) + b"\n",))
 
 
 # ---- the page -----------------------------------------------------------------------
@@ -294,8 +300,11 @@ def _content(message: dict[str, Any]) -> str:
 
 
 def _transcript(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as the page shows it, its values scrubbed (before a message is cut
+    short: a secret cut in two would not be found)."""
+    scrub = plan.scrub.value
     messages = []
-    for message in trajectory.messages or []:
+    for message in scrub(trajectory.messages or []):
         if not isinstance(message, dict):
             continue
         calls = [
@@ -315,8 +324,8 @@ def _transcript(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
         f"rollout {trajectory.index}",
         "total": total_of(plan, trajectory),
         "scores": trajectory.scores,
-        "errors": trajectory.errors,
-        "ground_truth": trajectory.sample.ground_truth,
+        "errors": scrub(trajectory.errors),
+        "ground_truth": scrub(trajectory.sample.ground_truth),
         "messages": messages,
     }
 
@@ -340,6 +349,8 @@ def _ranked(plan: Plan, results: Results) -> tuple[list[Trajectory], list[Trajec
 
 
 def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> Path:
+    """``report.html``, rendered (escaped) from values scrubbed before: the page itself is
+    never scrubbed, so that no secret can delete its markup."""
     try:
         import jinja2
         import matplotlib  # noqa: F401
@@ -362,8 +373,8 @@ def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path)
         charts=_charts(summary, results, plan),
         lowest=[_transcript(plan, t) for t in lowest],
         highest=[_transcript(plan, t) for t in highest],
-        job_name=plan.job.config.name,
+        job_name=plan.scrub.text(plan.job.config.name),
     )
     path = out / "report.html"
-    path.write_text(plan.scrub.text(page), encoding="utf-8")
+    write_file(path, (page.encode(),))
     return path

@@ -17,6 +17,7 @@ import anyio
 import httpx
 import orjson
 
+from runtime.eval.files import writable
 from runtime.eval.plan import FunctionUnderTest, Plan, Sample
 
 __all__ = ["LLM_NAME", "Call", "Results", "Trajectory", "run"]
@@ -64,6 +65,7 @@ class Trajectory:
     scores: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    invalid_text: bool = False  # the LLM's answer had text UTF-8 cannot carry: replaced
 
 
 @dataclass
@@ -331,7 +333,10 @@ class _Runner:
                 )
                 if isinstance(response, str):  # a 200 that is not JSON: a web page, ...
                     raise _NotACompletion(f"not a chat completion: {response[:200]!r}")
-                message = response.choices[0].message.model_dump(exclude_none=True)
+                answer = response.choices[0].message.model_dump(exclude_none=True)
+                # a lone surrogate (half an emoji) can be neither sent nor written: U+FFFD
+                message = writable(answer)
+                trajectory.invalid_text = message != answer
                 call = Call(LLM_NAME, True, time.perf_counter() - started)
             except Exception as exc:  # a bad answer fails this call, not the run
                 code = getattr(exc, "code", None) if isinstance(exc, OpenAIError) else None

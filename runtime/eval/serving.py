@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import io
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from runtime.eval.files import make_dir, write_file
 from runtime.eval.plan import FunctionUnderTest, StartError
 from runtime.platform import packaging
 
@@ -168,10 +170,24 @@ def exited(served: dict[str, Served]) -> Callable[[str], str | None]:
     return why
 
 
-def _start(function: FunctionUnderTest, root: Path) -> Served:
-    folder = unpack_package(function, root / function.name)
+def _file_names(functions: list[FunctionUnderTest]) -> list[str]:
+    """Each function's name as a file name of its own (its folder and log): names are
+    names, never paths (``../x`` or ``/x`` would lead out of the temporary directory)."""
+    names: list[str] = []
+    for function in functions:
+        base = re.sub(r"[^\w.-]", "_", function.name).lstrip(".") or "function"
+        name, count = base, 1
+        while name in names:
+            count += 1
+            name = f"{base}-{count}"
+        names.append(name)
+    return names
+
+
+def _start(function: FunctionUnderTest, root: Path, name: str) -> Served:
+    folder = unpack_package(function, root / name)
     port = _free_port()
-    log = root / f"{function.name}.log"
+    log = root / f"{name}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             ["bash", str(folder / "start.sh")],
@@ -237,8 +253,8 @@ def serve_all(
     root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     started: list[Served] = []
     try:
-        for function in functions:
-            started.append(_start(function, root))
+        for function, name in zip(functions, _file_names(functions), strict=True):
+            started.append(_start(function, root, name))
         deadline = time.monotonic() + START_TIMEOUT
         for served in started:
             _wait_ready(served, deadline)
@@ -247,8 +263,8 @@ def serve_all(
         _stop(started)
         if logs_to is not None and started:
             with contextlib.suppress(OSError):
-                logs_to.mkdir(parents=True, exist_ok=True)
+                make_dir(logs_to)
                 for served in started:
                     text = served.log.read_text(encoding="utf-8", errors="replace")
-                    (logs_to / served.log.name).write_text(scrub(text), encoding="utf-8")
+                    write_file(logs_to / served.log.name, (scrub(text).encode(),))
         shutil.rmtree(root, ignore_errors=True)

@@ -221,6 +221,18 @@ def summarise(plan: Plan, results: Results, weights: dict[str, dict[str, float]]
             }
         )
 
+    replaced = sum(t.invalid_text for t in trajectories)
+    if replaced:
+        flags.append(
+            {
+                "kind": "invalid_text",
+                "function": LLM_NAME,
+                "message": f"{replaced} of {len(trajectories)} trajectories: the LLM's answer "
+                "held text that is not valid Unicode (a lone surrogate: half an emoji); it "
+                "was replaced with U+FFFD before it was scored and written",
+            }
+        )
+
     total: dict[str, Any] | None = None
     if plan.rewards or plan.group_rewards:
         totals = [v for t in trajectories if (v := total_of(plan, t)) is not None]

@@ -250,11 +250,12 @@ def keep_workspace_off_path() -> None:
 def run(args: argparse.Namespace) -> int:
     """Run a platform command; its exit status."""
     keep_workspace_off_path()
-    from runtime.platform.config import ConfigError
+    from runtime.platform.config import ConfigError, JobFileError
     from runtime.platform.datasets import DatasetError
     from runtime.platform.functions import ComponentError
     from runtime.platform.http import PlatformError, RequestNotSent
     from runtime.platform.jobs import FollowError, WaitTimeout
+    from runtime.platform.packaging import WorkspaceFileError
     from runtime.platform.scrub import add_secret
 
     for key in (getattr(args, "api_key", None), os.environ.get("DASHSCOPE_API_KEY")):
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             add_secret(key.strip())
     try:
         return _dispatch(args)
-    except (UsageError, RequestNotSent) as exc:
+    except (UsageError, RequestNotSent, JobFileError, WorkspaceFileError) as exc:
         _say(f"error: {exc}")
         return 2
     except WaitTimeout as exc:
@@ -435,6 +436,7 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     from pydantic import ValidationError
 
     from processors_base import models
+    from runtime.platform.answers import problems
 
     input_model, output_model = {
         "rollout": (models.RolloutInput, models.RolloutOutput),
@@ -453,10 +455,7 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     try:
         input_model.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise UsageError(f"the input is not a valid {args.type} input: {problems}") from None
+        raise UsageError(f"the input is not a valid {args.type} input: {problems(exc)}") from None
     from runtime.platform.functions import invoke
 
     with _platform(args, reporter) as platform:
@@ -467,7 +466,9 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
     try:
         output_model.model_validate(output)
     except ValidationError as exc:
-        reporter.note(f"warning: the output does not fit the {args.type} output model: {exc}")
+        reporter.note(
+            f"warning: the output does not fit the {args.type} output model: {problems(exc)}"
+        )
     _emit(output, args.output)
     if status >= 400 or output.get("status") == "failed":
         detail = output.get("error") or output.get("detail") or output.get("message")
@@ -674,61 +675,59 @@ _HANDLERS = {
 
 
 def _emit(result: dict[str, Any], fmt: str, *, lines: bool = False) -> None:
-    sys.stdout.write(_scrubbed(_render(result, fmt, lines=lines)))
+    from runtime.platform.scrub import scrub
+
+    sys.stdout.write(scrub(_render(result, fmt, lines=lines)))
     sys.stdout.flush()
 
 
 def _say(text: str) -> None:
-    """One line on stderr, the key blanked."""
-    print(_scrubbed(text), file=sys.stderr, flush=True)
+    """One line on stderr, the key blanked, control characters escaped."""
+    from runtime.platform.scrub import shown
+
+    print(shown(text), file=sys.stderr, flush=True)
 
 
-def _scrubbed(text: str) -> str:
-    from runtime.platform.scrub import scrub
-
-    return scrub(text)
+# JSON escapes C0 itself; DEL and C1 (a one-character CSI, OSC) may only stand in strings
+_JSON_CONTROL = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0))}
 
 
 def _render(result: dict[str, Any], fmt: str, *, lines: bool = False) -> str:
     import orjson
 
+    from runtime.platform.scrub import printable
+
     if fmt == "json":
-        return orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n"
+        text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+        return text.translate(_JSON_CONTROL) + "\n"
     if fmt == "yaml":
         import yaml
 
-        return yaml.safe_dump(result, sort_keys=False, allow_unicode=True)
+        return yaml.safe_dump(result, sort_keys=False, allow_unicode=True)  # escapes them
     if lines:
         logs = result.get("logs") or []
-        return "".join(f"{_printable(str(line), _LOG_CONTROL)}\n" for line in logs)
+        return "".join(f"{printable(str(line), tabs=True)}\n" for line in logs)
     if isinstance(result.get("jobs"), list):
         columns = ("job_id", "job_name", "status", "model", "create_time")
         text = _table(result["jobs"], columns)
         return text + f"page {result.get('page_no')}, {result.get('total')} job(s) in all\n"
     width = max((len(k) for k in result), default=0)
-    return "".join(f"{_printable(key):<{width}}  {_cell(value)}\n" for key, value in result.items())
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]} | {9: "\\t", 10: "\\n", 13: "\\r"}
-_LOG_CONTROL = {c: text for c, text in _CONTROL.items() if c != 9}  # a log keeps its tabs
-
-
-def _printable(text: str, table: dict[int, str] = _CONTROL) -> str:
-    """A table cell on one line: control characters (a newline, an escape sequence) shown
-    escaped, never sent to the terminal."""
-    return text.translate(table)
+    return "".join(f"{printable(key):<{width}}  {_cell(value)}\n" for key, value in result.items())
 
 
 def _cell(value: Any) -> str:
+    """A table cell on one line, control characters shown escaped."""
     import orjson
+
+    from runtime.platform.scrub import printable
 
     if value is None:
         return "-"
     if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
-        return _printable(", ".join(str(v) for v in value)) or "-"
+        return printable(", ".join(str(v) for v in value)) or "-"
     if isinstance(value, (dict, list)):
-        return orjson.dumps(value).decode()  # JSON escapes control characters itself
-    return _printable(str(value))
+        return orjson.dumps(value).decode().translate(_JSON_CONTROL)
+    return printable(str(value))
 
 
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:

@@ -11,10 +11,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 __all__ = [
     "ConfigError",
@@ -23,6 +33,7 @@ __all__ = [
     "FunctionSpec",
     "JobConfig",
     "JobFile",
+    "JobFileError",
     "Runtime",
     "load_job_file",
 ]
@@ -32,6 +43,10 @@ FunctionKind = Literal["rollout", "reward", "group_reward"]
 
 class ConfigError(Exception):
     """A job file that cannot be used; the message names the file, line and key path."""
+
+
+class JobFileError(ConfigError):
+    """The file itself is wrong (its YAML, a key, a value): a usage error, nothing sent."""
 
 
 class _Closed(BaseModel):
@@ -53,17 +68,21 @@ class FcModel(_Closed):
     oss_signed_url: str | None = None
 
 
+# a scaling threshold: the share of an instance's memory or concurrency in use
+_Share = Annotated[float, Field(gt=0, le=1)]
+
+
 class Runtime(_Closed):
     layer_code: str | None = None
-    cpu: float | None = None
-    memory_size: int | None = None
-    disk_size: int | None = None
-    concurrency: int | None = None
-    capacity: int | None = None
-    max_capacity: int | None = None
-    min_capacity: int | None = None
-    memory_scale_threshold: float | None = None
-    concurrency_scale_threshold: float | None = None
+    cpu: PositiveFloat | None = None  # vCPUs
+    memory_size: PositiveInt | None = None  # MB
+    disk_size: PositiveInt | None = None  # MB
+    concurrency: PositiveInt | None = None  # requests at once per instance
+    capacity: PositiveInt | None = None  # instances
+    max_capacity: PositiveInt | None = None
+    min_capacity: NonNegativeInt | None = None  # 0: scaled to zero when idle
+    memory_scale_threshold: _Share | None = None
+    concurrency_scale_threshold: _Share | None = None
     enable_vpc_config: bool | None = None
     security_group_id: str | None = None
     switch_ids: list[str] | None = None
@@ -72,11 +91,18 @@ class Runtime(_Closed):
     enable_log: bool | None = None
     env: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Runtime:
+        low, high = self.min_capacity, self.max_capacity
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_capacity ({low}) is above max_capacity ({high})")
+        return self
+
 
 class FunctionSpec(_Closed):
     type: FunctionKind = "rollout"
     name: str | None = None
-    timeout: int | None = None
+    timeout: PositiveInt | None = None  # seconds
     weight: float | None = None
     reward_metric_weight: dict[str, float] | None = None
     fcmodel: FcModel = Field(default_factory=FcModel)
@@ -114,18 +140,18 @@ class HyperParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     algorithm: str | None = None
-    batch_size: int | None = None
-    eval_steps: int | None = None
-    kl_loss_coef: float | None = None
-    learning_rate: float | None = None
+    batch_size: PositiveInt | None = None
+    eval_steps: PositiveInt | None = None
+    kl_loss_coef: NonNegativeFloat | None = None
+    learning_rate: PositiveFloat | None = None
     lr_scheduler_type: str | None = None
-    max_length: int | None = None
-    n_epochs: int | None = None
-    n_rollouts: int | None = None
-    ppo_mini_batch_size: int | None = None
-    save_steps: int | None = None
+    max_length: PositiveInt | None = None  # tokens
+    n_epochs: PositiveInt | None = None
+    n_rollouts: PositiveInt | None = None  # rollouts per sample
+    ppo_mini_batch_size: PositiveInt | None = None
+    save_steps: PositiveInt | None = None
     save_strategy: str | None = None
-    save_total_limit: int | None = None
+    save_total_limit: PositiveInt | None = None  # checkpoints kept
 
 
 class Training(_Closed):
@@ -231,6 +257,22 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
 
 _MAX_BYTES = 1024 * 1024  # a job file is a page of settings, not data
 _MAX_VALUES = 100_000  # values the file expands to, aliases counted each time they are used
+_NOT_FINITE = "not a finite number (NaN and infinity cannot be sent)"
+_MAX_DEPTH = 50  # levels of nesting; a job file needs about 5, and loading it recurses
+
+
+def _check_depth(text: str) -> None:
+    """A ConfigError past ``_MAX_DEPTH`` levels, found by the parser's events (it does not
+    recurse; composing the file, and every walk of it after, does)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                line = event.start_mark.line + 1
+                raise ConfigError(f"line {line}: nested more than {_MAX_DEPTH} levels deep")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
@@ -304,8 +346,14 @@ def _non_finite(value: Any, loc: tuple[str | int, ...]) -> tuple[str | int, ...]
 
 
 def load_job_file(path: str | Path) -> JobFile:
-    """Read and validate a job file; every problem is a ConfigError naming line and key."""
-    path = Path(path)
+    """Read and validate a job file; every problem is a JobFileError naming line and key."""
+    try:
+        return _read_job_file(Path(path))
+    except ConfigError as exc:
+        raise JobFileError(str(exc)) from None
+
+
+def _read_job_file(path: Path) -> JobFile:
     try:
         size = path.stat().st_size
         if size > _MAX_BYTES:
@@ -319,6 +367,7 @@ def load_job_file(path: str | Path) -> JobFile:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
+        _check_depth(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[tuple[str | int, ...], int] = {}
         if node is not None:
@@ -344,13 +393,18 @@ def load_job_file(path: str | Path) -> JobFile:
         raise job.error(_reason(first), *first["loc"]) from None
     bad = _non_finite(job.config.model_dump(), ())
     if bad is not None:
-        raise job.error("not a finite number (NaN and infinity cannot be sent)", *bad)
+        raise job.error(_NOT_FINITE, *bad)
     return job
 
 
 def _reason(error: Any) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown key" + _allowed(error["loc"])
+    value = error.get("input")
+    if isinstance(value, float) and not math.isfinite(value):  # before its range is checked
+        return _NOT_FINITE
+    if error["type"] == "value_error":  # a rule across keys: its own words
+        return str(error["ctx"]["error"])
     return str(error["msg"])
 
 

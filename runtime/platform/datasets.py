@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from runtime.platform.http import Platform, PlatformError, payload_of
+from runtime.platform import answers
+from runtime.platform.http import Platform, PlatformError
 
 __all__ = ["DatasetError", "check_jsonl", "upload"]
 
@@ -61,24 +62,23 @@ def check_jsonl(path: Path) -> None:
 def upload(platform: Platform, path: Path) -> str:
     """Upload one checked file; its file id."""
     what = f"uploading {path.name}"
-    answer = platform.call(
+    out = platform.call(
         what,
         "POST",
         platform.url("files"),
+        answer=answers.FilesUploaded,
         creates=f"the platform's files for one named {path.name}",
         files=[
             ("files", (path.name, path.read_bytes(), "application/octet-stream")),
             ("purpose", (None, b"fine-tune", "text/plain; charset=utf-8")),
         ],
     )
-    out = payload_of(answer) or {}
-    failed = out.get("failed_uploads") or []
-    if failed:
+    if out.failed_uploads:
         details = "; ".join(
-            orjson.dumps(f).decode() if isinstance(f, (dict, list)) else str(f) for f in failed
+            orjson.dumps(f).decode() if isinstance(f, (dict, list)) else str(f)
+            for f in out.failed_uploads
         )
         raise PlatformError(what, f"the platform refused it: {details}")
-    uploaded = out.get("uploaded_files") or []
-    if not uploaded or not uploaded[0].get("file_id"):
-        raise PlatformError(what, "the answer has no data.uploaded_files[0].file_id")
-    return str(uploaded[0]["file_id"])
+    if not out.uploaded_files:
+        raise PlatformError(what, "the answer lists no uploaded file")
+    return out.uploaded_files[0].file_id

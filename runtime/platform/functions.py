@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.platform import packaging
+from runtime.platform import answers, packaging
 from runtime.platform.config import FunctionSpec
-from runtime.platform.http import Platform, PlatformError, payload_of
+from runtime.platform.http import Platform, PlatformError
 from runtime.platform.progress import Reporter
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 KINDS = ("rollout", "reward", "group_reward")
-_ID_KEYS = {"rollout": "rollout_id", "reward": "reward_id", "group_reward": "group_reward_id"}
 
 
 class ComponentError(Exception):
@@ -224,6 +223,10 @@ def register(
                         server=server,
                         extra_files=c.extra_files,
                     )
+                except packaging.WorkspaceFileError as exc:  # a usage error (exit 2)
+                    raise packaging.WorkspaceFileError(
+                        f"{c.label}: {exc} (nothing was sent)"
+                    ) from None
                 except packaging.PackagingError as exc:
                     raise ComponentError(f"{c.label}: {exc}") from None
                 reporter.note(
@@ -241,50 +244,38 @@ def register(
         assert c.package is not None
         unique_key = f"{c.kind}-{uuid.uuid4()}"
         with reporter.step(f"uploading {c.label} ({len(c.package.data) / 1024:.1f} KiB)"):
-            answer = platform.call(
+            url = platform.call(
                 "getting an upload URL",
                 "POST",
                 platform.url("upload_url"),
+                answer=answers.UploadUrl,
                 json={"unique_key": unique_key},
                 creates=f"for an upload URL of unique_key {unique_key}",
-            )
-            url = (payload_of(answer) or {}).get("url")
-            if not url:
-                raise PlatformError("getting an upload URL", "the answer has no output.url")
+            ).url
             platform.put_bytes(f"uploading the package of {c.label}", url, c.package.data)
         c.layer_code = layers.get(c.requirements) or c.layer_code
-        answer = platform.call(
+        registered = platform.call(
             f"registering {c.label}",
             "POST",
             platform.url(f"register_{c.kind}"),
+            answer=answers.REGISTERED[c.kind],
             json={"name": c.file, "func": c.class_name, "unique_key": unique_key, "code_url": url},
             creates=f"for a {c.kind} entity named {c.file} with unique_key {unique_key}",
         )
-        entity = (payload_of(answer) or {}).get(_ID_KEYS[c.kind])
-        if not entity:
-            raise PlatformError(
-                f"registering {c.label}", f"the answer has no output.{_ID_KEYS[c.kind]}"
-            )
-        c.entity_id = str(entity)
+        c.entity_id = getattr(registered, f"{c.kind}_id")
         reporter.note(f"registered {c.label}: {c.entity_id}")
     if lazy:
         return
     _wait_layers(platform, components, reporter, poll_interval, wait_timeout)
     for c in components:
-        answer = platform.call(
+        c.instance_id = platform.call(
             f"starting an instance of {c.label}",
             "POST",
             platform.url("load", f"jobId-{uuid.uuid4()}", str(c.entity_id)),
+            answer=answers.InstanceStarted,
             json=c.runtime_body(),
             creates=f"for an instance of entity {c.entity_id}",
-        )
-        out = payload_of(answer) or {}
-        instance = out.get("instanceId") or out.get("instance_id")
-        if not instance:
-            raise PlatformError(
-                f"starting an instance of {c.label}", "the answer has no instanceId"
-            )
-        c.instance_id = str(instance)
+        ).instance_id
     with reporter.step(f"waiting for {len(components)} instance(s) to be active"):
         for c in components:
             _poll(
@@ -305,7 +296,7 @@ def _active(platform: Platform, c: Component, reporter: Reporter) -> bool | None
     """True once the instance is active, None while it starts; a failed one is reported
     with its last log lines, deleted, and raised."""
     instance = str(c.instance_id)
-    status = _instance(platform, instance).get("status")
+    status = _instance(platform, instance).status
     if status == 2:
         return True
     if status != _FAILED:
@@ -339,15 +330,15 @@ def _create_layers(platform: Platform, todo: list[Component], reporter: Reporter
         if c.requirements in layers:
             continue
         digest = hashlib.sha256(c.requirements.encode()).hexdigest()[:8]
-        answer = platform.call(
+        code = platform.call(
             "creating a dependency layer",
             "POST",
             platform.url("layer_create"),
+            answer=answers.Layer,
             json={"layer_name": f"fc_layer-{digest}", "requirements_content": c.requirements},
             creates=f"for a layer named fc_layer-{digest}",
-        )
-        code = (payload_of(answer) or {}).get("layer_code") or ""
-        layers[c.requirements] = str(code)
+        ).layer_code
+        layers[c.requirements] = code
         sharing = sum(1 for other in todo if other.requirements == c.requirements)
         reporter.note(f"dependency layer {code or '(unnamed)'} for {sharing} function(s)")
     return layers
@@ -367,13 +358,13 @@ def _wait_layers(
         for code in codes:
 
             def probe(code: str = code) -> bool | None:
-                answer = platform.call(
+                state = platform.call(
                     "querying a dependency layer",
                     "GET",
                     platform.url("layer_status"),
+                    answer=answers.LayerStatus,
                     params={"layer_code": code},
-                )
-                state = str((payload_of(answer) or {}).get("status") or "").upper()
+                ).status.upper()
                 if state == "SUCCESS":
                     return True
                 if state in ("FAILED", "FAIL", "ERROR"):
@@ -386,24 +377,24 @@ def _wait_layers(
             _poll(interval, timeout, f"waiting for layer {code}", probe)
 
 
-def _instance(platform: Platform, instance_id: str) -> dict[str, Any]:
-    answer = platform.call(
-        f"querying instance {instance_id}", "POST", platform.url("query", instance_id), json={}
+def _instance(platform: Platform, instance_id: str) -> answers.InstanceInfo:
+    return platform.call(
+        f"querying instance {instance_id}",
+        "POST",
+        platform.url("query", instance_id),
+        answer=answers.InstanceInfo,
+        json={},
     )
-    out = payload_of(answer)
-    if not isinstance(out, dict) or "status" not in out:
-        raise PlatformError(f"querying instance {instance_id}", "the answer has no output.status")
-    return out
 
 
 def invoke(platform: Platform, instance_id: str, payload: dict[str, Any]) -> tuple[int, Any]:
     """POST ``payload`` to the instance; (HTTP status, JSON output) as the instance answered."""
     info = _instance(platform, instance_id)
-    url, token = info.get("trigger_url"), info.get("trigger_token")
+    url, token = info.trigger_url, info.trigger_token
     if not url or not token:
         raise PlatformError(
             f"calling instance {instance_id}",
-            f"the instance has no trigger URL yet (status {info.get('status')}): is it started?",
+            f"the instance has no trigger URL yet (status {info.status}): is it started?",
         )
     response = platform.request(
         f"calling instance {instance_id}",
@@ -430,32 +421,31 @@ def instance_logs(
     """All log messages of an instance, page after page (either of the two answer shapes)."""
     messages: list[str] = []
     for page in range(1, max_pages + 1):
-        answer = platform.call(
+        out = platform.call(
             f"reading the logs of instance {instance_id}",
             "POST",
             platform.url("instance_logs", instance_id),
+            answer=answers.InstanceLogs,
             json={"pageNumber": page, "pageSize": page_size},
         )
-        out = payload_of(answer) or {}
-        entries = out.get("log_entries", out.get("logEntries")) or []
-        total = out.get("total_count", out.get("totalCount"))
-        for entry in entries:
+        for entry in out.entries:
             messages.append(str(entry.get("message")) if isinstance(entry, dict) else str(entry))
-        if len(entries) < page_size or (isinstance(total, int) and len(messages) >= total):
+        if len(out.entries) < page_size or (out.total is not None and len(messages) >= out.total):
             break
     return messages
 
 
 def delete_instance(platform: Platform, instance_id: str) -> dict[str, Any]:
     what = f"deleting instance {instance_id}"
-    answer = platform.call(what, "POST", platform.url("instance_delete", instance_id), json={})
-    code = answer.get("code")
-    if code not in (None, 0, 200, "0", "200"):
+    answer = platform.call(
+        what,
+        "POST",
+        platform.url("instance_delete", instance_id),
+        answer=answers.InstanceDeleted,
+        json={},
+    )
+    if answer.code not in (None, 0, 200, "0", "200"):
         raise PlatformError(
-            what,
-            str(answer.get("message") or "refused"),
-            code=code,
-            request_id=answer.get("request_id"),
+            what, answer.message or "refused", code=answer.code, request_id=answer.request_id
         )
-    out = payload_of(answer)
-    return {"instance_id": instance_id, **(out if isinstance(out, dict) else {})}
+    return {"instance_id": instance_id, **(answer.data or {})}

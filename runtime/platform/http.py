@@ -7,6 +7,12 @@ the platform key. Responses come in the platform's envelopes: ``output`` or ``da
 false``. Errors become one ``PlatformError`` line: what failed, HTTP status, platform code,
 message, request id.
 
+Every answer is checked against the contract's model of it (``runtime.platform.answers``):
+a malformed one is an error naming the call and the field. Each request, its answer read
+whole, ends within the request timeout whatever the server does (httpx's timeouts are per
+read, which a server sending a byte a second never trips), and an answer is not read past
+16 MiB.
+
 Retries (tenacity) cover only what cannot have been carried out: a connection that was
 never made, and 429/503 (honouring ``Retry-After``), with backoff within a deadline. A
 creating POST whose request went out and whose answer was lost is not repeated: it is
@@ -15,13 +21,18 @@ reported as an unclear outcome with what to check.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import httpx
+from pydantic import ValidationError
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -31,16 +42,17 @@ from tenacity import (
     wait_random,
 )
 
+from runtime.platform.answers import Answer, problems
 from runtime.platform.scrub import scrub
 
 __all__ = [
     "DEFAULT_BASE_URL",
     "ENDPOINT_VARIABLES",
+    "MAX_ANSWER",
     "Platform",
     "PlatformError",
     "RequestNotSent",
     "UnclearOutcome",
-    "payload_of",
 ]
 
 DEFAULT_BASE_URL = "https://dashscope.aliyuncs.com/api/v1"
@@ -63,6 +75,8 @@ _ENDPOINTS: dict[str, tuple[str, str | None]] = {
 }
 ENDPOINT_VARIABLES = tuple(sorted(env for _, env in _ENDPOINTS.values() if env))
 _BUSY = (429, 503)
+MAX_ANSWER = 16 * 1024 * 1024  # bytes of one answer, decoded
+A = TypeVar("A", bound=Answer)
 _WORKSPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
@@ -113,15 +127,6 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
-def payload_of(body: dict[str, Any]) -> Any:
-    """The useful part of a response: ``output``, else ``data``, else the whole body."""
-    if body.get("output") is not None:
-        return body["output"]
-    if body.get("data") is not None:
-        return body["data"]
-    return body
-
-
 class Platform:
     """A session with the platform for one command."""
 
@@ -157,10 +162,14 @@ class Platform:
         self._job_urls: set[str] = set()
         self.base_url = base_url.rstrip("/")
         self._deadline = deadline
+        self._timeout = timeout
+        self._until: float | None = None  # see time_limit
         self._notify = notify or (lambda text: None)
         limits = httpx.Timeout(timeout, connect=min(timeout, 15.0))
-        self._client = httpx.Client(headers=headers, timeout=limits)
-        self._bare = httpx.Client(headers={"User-Agent": user_agent}, timeout=limits)
+        # async clients on a loop of our own, so that an exchange can be cut at its deadline
+        self._loop = asyncio.new_event_loop()
+        self._client = httpx.AsyncClient(headers=headers, timeout=limits)
+        self._bare = httpx.AsyncClient(headers={"User-Agent": user_agent}, timeout=limits)
 
     def __enter__(self) -> Platform:
         return self
@@ -169,8 +178,34 @@ class Platform:
         self.close()
 
     def close(self) -> None:
-        self._client.close()
-        self._bare.close()
+        if not self._loop.is_closed():
+            self._run(self._client.aclose())
+            self._run(self._bare.aclose())
+            self._loop.close()
+
+    @contextlib.contextmanager
+    def time_limit(self, seconds: float | None) -> Iterator[None]:
+        """Every request inside ends within ``seconds`` from now, retries included (a
+        wait's ``--timeout``): each one's timeout and retries are cut to the time left."""
+        if seconds is None:
+            yield
+            return
+        self._until = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self._until = None
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        task = self._loop.create_task(coroutine)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            if not task.done():  # interrupted (Ctrl-C): end the exchange, then go
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    self._loop.run_until_complete(task)
+            raise
 
     def url(self, endpoint: str, *segments: str) -> str:
         path, env = _ENDPOINTS[endpoint]
@@ -186,12 +221,15 @@ class Platform:
         method: str,
         url: str,
         *,
+        answer: type[A],
         creates: bool | str = False,
         bare: bool = False,
         **kwargs: Any,
-    ) -> dict[str, Any]:
-        """Send one request (retrying only what is safe) and return the checked JSON body."""
-        return _checked(what, self.request(what, method, url, creates=creates, bare=bare, **kwargs))
+    ) -> A:
+        """Send one request (retrying only what is safe); its answer, checked against the
+        contract's model of it (``what`` names the call in errors)."""
+        response = self.request(what, method, url, creates=creates, bare=bare, **kwargs)
+        return _parsed(what, f"{method} {httpx.URL(url).path}", response, answer)
 
     def request(
         self,
@@ -223,7 +261,7 @@ class Platform:
     def _send(
         self,
         what: str,
-        client: httpx.Client,
+        client: httpx.AsyncClient,
         method: str,
         url: str,
         creates: bool | str,
@@ -234,8 +272,13 @@ class Platform:
         hint = creates if isinstance(creates, str) else "on the platform"
 
         def attempt() -> httpx.Response:
+            timeout = self._timeout
+            if self._until is not None:
+                timeout = min(timeout, self._until - time.monotonic())
+                if timeout <= 0:
+                    raise PlatformError(what, "not asked: the time given ran out")
             try:
-                response = client.request(method, url, **kwargs)
+                response = self._run(self._exchange(what, client, method, url, timeout, kwargs))
             except (
                 httpx.UnsupportedProtocol,
                 httpx.InvalidURL,
@@ -248,18 +291,20 @@ class Platform:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 raise _Retry(f"cannot connect to {_host(url)} ({type(exc).__name__})") from exc
             except httpx.TransportError as exc:
+                host, name = _host(url), type(exc).__name__
+                failure = f"no answer from {host} ({name})"
+                if isinstance(exc, httpx.TimeoutException):
+                    failure = f"no complete answer from {host} within {timeout:.3g} s ({name})"
                 if idempotent:
-                    raise _Retry(f"{type(exc).__name__} from {_host(url)}") from exc
+                    raise _Retry(failure) from exc
                 if creates:
                     raise UnclearOutcome(
                         what,
-                        f"the request was sent but no answer came ({type(exc).__name__}); it "
-                        f"may have been carried out: check {hint} before running it again "
-                        "(not retried, so that nothing is created twice)",
+                        f"the request was sent but {failure}; it may have been carried out: "
+                        f"check {hint} before running it again (not retried, so that nothing "
+                        "is created twice)",
                     ) from exc
-                raise PlatformError(
-                    what, f"no answer from {_host(url)} ({type(exc).__name__})"
-                ) from exc
+                raise PlatformError(what, failure) from exc
             status = response.status_code
             if status in _BUSY or _body_code(response) in _BUSY:
                 raise _Retry(
@@ -267,11 +312,19 @@ class Platform:
                 ) from None
             return response
 
+        def before_sleep(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome else None
+            reason = failure.reason if isinstance(failure, _Retry) else "failed"
+            wait = state.next_action.sleep if state.next_action else 0.0
+            if self._until is not None and time.monotonic() + wait >= self._until:
+                raise PlatformError(what, f"{reason}; no time left to try again")
+            self._notify(f"{reason}, retry {state.attempt_number} in {wait:.0f} s")
+
         retrying = Retrying(
             retry=retry_if_exception_type(_Retry),
             stop=stop_after_delay(self._deadline),
             wait=_wait,
-            before_sleep=self._announce,
+            before_sleep=before_sleep,
             reraise=True,
         )
         try:
@@ -281,11 +334,36 @@ class Platform:
                 what, f"{exc.reason}; gave up after {self._deadline:g} s of retries"
             ) from None
 
-    def _announce(self, state: RetryCallState) -> None:
-        failure = state.outcome.exception() if state.outcome else None
-        reason = failure.reason if isinstance(failure, _Retry) else "failed"
-        wait = state.next_action.sleep if state.next_action else 0.0
-        self._notify(f"{reason}, retry {state.attempt_number} in {wait:.0f} s")
+    async def _exchange(
+        self,
+        what: str,
+        client: httpx.AsyncClient,
+        method: str,
+        url: str,
+        timeout: float,
+        kwargs: dict[str, Any],
+    ) -> httpx.Response:
+        """One request and its whole answer within ``timeout``; an answer over the size
+        limit is not read further (its declared length is checked first)."""
+        body = bytearray()
+        try:
+            with anyio.fail_after(timeout):
+                async with client.stream(method, url, **kwargs) as response:
+                    length = response.headers.get("content-length", "")
+                    if length.isdigit() and int(length) > MAX_ANSWER:
+                        raise _too_large(what)
+                    async for chunk in response.aiter_bytes():  # decoded: a gzip bomb too
+                        body += chunk
+                        if len(body) > MAX_ANSWER:
+                            raise _too_large(what)
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"no complete answer within {timeout:.3g} s") from None
+        # the body is decoded already: its encoding and length headers no longer apply
+        framing = ("content-encoding", "content-length", "transfer-encoding")
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in framing]
+        return httpx.Response(
+            response.status_code, headers=headers, content=bytes(body), request=response.request
+        )
 
 
 _backoff = wait_exponential(multiplier=0.5, max=8.0) + wait_random(0, 0.5)
@@ -296,6 +374,11 @@ def _wait(state: RetryCallState) -> float:
     if isinstance(failure, _Retry) and failure.retry_after is not None:
         return min(failure.retry_after, 60.0)
     return _backoff(state)
+
+
+def _too_large(what: str) -> PlatformError:
+    limit = f"{MAX_ANSWER / 2**20:g} MiB"
+    return PlatformError(what, f"the answer is over the limit of {limit} (not read further)")
 
 
 def _host(url: str) -> str:
@@ -339,18 +422,45 @@ def _text_of(response: httpx.Response) -> str:
     return " ".join(response.text.split())[:300]
 
 
-def _checked(what: str, response: httpx.Response) -> dict[str, Any]:
+def _parsed(what: str, call: str, response: httpx.Response, model: type[A]) -> A:
+    """The answer checked: a failure the platform reports is raised as one; an answer that
+    does not fit ``model`` is an error naming ``call`` and the field (never its value)."""
+    body = _checked(what, call, response)
+    if model.envelope is None:
+        where, payload = "", body
+    elif body.get("output") is not None:
+        where, payload = "output", body["output"]
+    elif body.get("data") is not None:
+        where, payload = "data", body["data"]
+    else:  # no envelope: the fields at the top, as the SDK reads them
+        where, payload = model.envelope, body
+    if not isinstance(payload, dict):
+        detail = f"{where}: not a JSON object"
+    else:
+        try:
+            return model.model_validate(payload)
+        except ValidationError as exc:
+            detail = problems(exc, where)
+    raise PlatformError(
+        what, f"the answer to {call} is malformed: {detail}", request_id=_request_id(body)
+    )
+
+
+def _request_id(body: dict[str, Any]) -> str | None:
+    found = body.get("request_id") or body.get("requestId") or body.get("RequestId")
+    return str(found) if found else None
+
+
+def _checked(what: str, call: str, response: httpx.Response) -> dict[str, Any]:
     body = _json(response)
     if not isinstance(body, dict):
         body_text = _text_of(response)
         if response.is_success:
             raise PlatformError(
-                what,
-                f"the answer is not a JSON object: {body_text[:120]!r}",
-                status=response.status_code,
+                what, f"the answer to {call} is malformed: not a JSON object: {body_text[:120]!r}"
             )
         raise PlatformError(what, body_text or response.reason_phrase, status=response.status_code)
-    request_id = body.get("request_id") or body.get("requestId") or body.get("RequestId")
+    request_id = _request_id(body)
     status = body.get("status")
     message = body.get("message") or body.get("msg") or body.get("Message")
     if isinstance(status, dict) and isinstance(status.get("code"), int):

@@ -14,9 +14,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from runtime.platform import answers
 from runtime.platform.config import JobFile
 from runtime.platform.functions import Component, ComponentError, resolve
-from runtime.platform.http import Platform, PlatformError, RequestNotSent, payload_of
+from runtime.platform.http import Platform, PlatformError, RequestNotSent
 
 __all__ = [
     "TERMINAL",
@@ -145,64 +146,58 @@ def _pruned(value: Any) -> Any:
 
 
 def submit(platform: Platform, body: dict[str, Any]) -> dict[str, Any]:
-    what = "submitting the job"
     check = f"python -m runtime job list for a job named {body.get('job_name')}"
-    out = payload_of(platform.call(what, "POST", platform.url("jobs"), json=body, creates=check))
-    if not isinstance(out, dict) or not out.get("job_id"):
-        raise PlatformError(what, "the answer has no output.job_id")
-    return out
+    return platform.call(
+        "submitting the job",
+        "POST",
+        platform.url("jobs"),
+        answer=answers.Job,
+        json=body,
+        creates=check,
+    ).sent()
 
 
 def get(platform: Platform, job_id: str) -> dict[str, Any]:
-    what = f"getting job {job_id}"
-    out = payload_of(platform.call(what, "GET", platform.url("jobs", job_id)))
-    if not isinstance(out, dict) or "status" not in out:
-        raise PlatformError(what, "the answer has no output.status")
-    return out
+    url = platform.url("jobs", job_id)
+    return platform.call(f"getting job {job_id}", "GET", url, answer=answers.Job).sent()
 
 
 def list_jobs(platform: Platform, page: int, size: int) -> dict[str, Any]:
-    answer = platform.call(
-        "listing jobs", "GET", platform.url("jobs"), params={"page_no": page, "page_size": size}
+    out = platform.call(
+        "listing jobs",
+        "GET",
+        platform.url("jobs"),
+        answer=answers.JobPage,
+        params={"page_no": page, "page_size": size},
     )
-    out = payload_of(answer)
-    out = out if isinstance(out, dict) else {}
-    jobs = out.get("jobs") or []
     return {
-        "page_no": out.get("page_no", page),
-        "page_size": out.get("page_size", size),
-        "total": out.get("total", len(jobs)),
-        "jobs": jobs,
+        "page_no": page if out.page_no is None else out.page_no,
+        "page_size": size if out.page_size is None else out.page_size,
+        "total": len(out.jobs) if out.total is None else out.total,
+        "jobs": [job.sent() for job in out.jobs],
     }
 
 
 def cancel(platform: Platform, job_id: str) -> dict[str, Any]:
-    answer = platform.call(
-        f"canceling job {job_id}", "POST", platform.url("jobs", job_id, "cancel")
-    )
-    return {"job_id": job_id, **_dict(payload_of(answer))}
+    url = platform.url("jobs", job_id, "cancel")
+    out = platform.call(f"canceling job {job_id}", "POST", url, answer=answers.JobDone)
+    return {"job_id": job_id, **out.sent()}
 
 
 def delete(platform: Platform, job_id: str) -> dict[str, Any]:
-    answer = platform.call(f"deleting job {job_id}", "DELETE", platform.url("jobs", job_id))
-    return {"job_id": job_id, **_dict(payload_of(answer))}
+    url = platform.url("jobs", job_id)
+    out = platform.call(f"deleting job {job_id}", "DELETE", url, answer=answers.JobDone)
+    return {"job_id": job_id, **out.sent()}
 
 
 def job_logs(platform: Platform, job_id: str, offset: int, lines: int) -> list[str]:
-    answer = platform.call(
+    return platform.call(
         f"reading the logs of job {job_id}",
         "GET",
         platform.url("jobs", job_id, "logs"),
+        answer=answers.JobLogs,
         params={"offset": offset, "line": lines},
-    )
-    logs = _dict(payload_of(answer)).get("logs")
-    if isinstance(logs, str):
-        return logs.splitlines()
-    return [str(line) for line in logs or []]
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+    ).logs
 
 
 class WaitTimeout(TimeoutError):
@@ -237,19 +232,25 @@ def follow(
 ) -> dict[str, Any]:
     """Poll a job to a final state, reporting status changes and new log lines. The
     queries are GETs, safe to repeat: a transient failure is retried (with a line to
-    ``on_retry``) until the deadline, or for 600 s in a row without one."""
+    ``on_retry``) until the deadline, or for 600 s in a row without one. ``timeout`` is a
+    total deadline: the requests in flight and their retries end with it."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
     failing_since: float | None = None
-    while True:
-        try:
-            job = get(platform, job_id)
-            lines = job_logs(platform, job_id, offset, page)
-        except PlatformError as exc:
-            now = time.monotonic()
-            failing_since = failing_since or now
-            limit = deadline if deadline is not None else failing_since + _GIVE_UP
-            if not _transient(exc) or now + interval > limit:
+    with platform.time_limit(timeout):
+        while True:
+            try:
+                job = get(platform, job_id)
+                lines = job_logs(platform, job_id, offset, page)
+            except PlatformError as exc:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                limit = deadline if deadline is not None else failing_since + _GIVE_UP
+                if _transient(exc) and now + interval <= limit:
+                    if on_retry is not None:
+                        on_retry(f"{exc}; retrying in {interval:g} s")
+                    if _pause(interval, limit):
+                        continue
                 raise FollowError(
                     exc.what,
                     exc.message,
@@ -257,24 +258,28 @@ def follow(
                     code=exc.code,
                     request_id=exc.request_id,
                 ) from None
-            if on_retry is not None:
-                on_retry(f"{exc}; retrying in {interval:g} s")
-            time.sleep(interval)
-            continue
-        failing_since = None
-        status = str(job.get("status"))
-        if status != last:
-            on_status(status)
-            last = status
-        while True:  # every new log line, page after page
-            for line in lines:
-                on_line(line)
-            offset += len(lines)
-            if len(lines) < page:
-                break
-            lines = job_logs(platform, job_id, offset, page)
-        if status in TERMINAL:
-            return job
-        if deadline is not None and time.monotonic() + interval > deadline:
-            raise WaitTimeout(f"job {job_id} is still {status} after {timeout:g} s")
-        time.sleep(interval)
+            failing_since = None
+            status = str(job["status"])
+            if status != last:
+                on_status(status)
+                last = status
+            while True:  # every new log line, page after page
+                for line in lines:
+                    on_line(line)
+                offset += len(lines)
+                if len(lines) < page:
+                    break
+                lines = job_logs(platform, job_id, offset, page)
+            if status in TERMINAL:
+                return job
+            if not _pause(interval, deadline):
+                raise WaitTimeout(f"job {job_id} is still {status} after {timeout:g} s")
+
+
+def _pause(interval: float, limit: float | None) -> bool:
+    """Sleep ``interval`` unless that ends past ``limit``; whether time is left after it
+    (a loaded machine may sleep longer than asked)."""
+    if limit is not None and time.monotonic() + interval > limit:
+        return False
+    time.sleep(interval)
+    return limit is None or time.monotonic() < limit

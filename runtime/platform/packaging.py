@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "Package",
     "PackagingError",
+    "WorkspaceFileError",
     "build_package",
     "check_environment",
     "layer_requirements",
@@ -78,7 +79,8 @@ DEFAULT_EXCLUDES = [
 # the workspace, and only when they are not a Python package.
 TOP_LEVEL_EXCLUDES = ["data", "test", "tests", "build", "tmp", "temp"]
 # Files that hold credentials: left out, with a warning naming each, unless named in
-# FC_ZIP_INCLUDE (or in a function's extra_files).
+# FC_ZIP_INCLUDE (or in a function's extra_files). By base name, by path at any depth,
+# and by content (a private key block, a cloud service-account key) for small files.
 SECRET_PATTERNS = [
     ".env",
     ".env.*",
@@ -88,6 +90,10 @@ SECRET_PATTERNS = [
     ".npmrc",
     ".pypirc",
     ".pgpass",
+    ".git-credentials",
+    "kubeconfig",
+    "kubeconfig.*",
+    "*.kubeconfig",
     "id_rsa*",
     "id_dsa*",
     "id_ecdsa*",
@@ -96,8 +102,17 @@ SECRET_PATTERNS = [
     "*.pem",
     "*.p12",
     "*.pfx",
+    "*.ppk",
     "*.key",
 ]
+SECRET_PATHS = [".aws/credentials", ".aws/config", ".docker/config.json", ".kube/config"]
+_SNIFFED_SIZE = 1024 * 1024  # larger files are not looked into
+_SNIFFED_PREFIX = 64 * 1024
+_PRIVATE_KEY = re.compile(rb"^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----\r?$", re.M)
+_SERVICE_ACCOUNT = (
+    re.compile(rb'"type"\s*:\s*"service_account"'),
+    re.compile(rb'"private_key"\s*:'),
+)
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _SIZE_LIMIT = 200 * 1024 * 1024
 REQUIREMENTS_NAME = "agentic-rl-requirements.txt"
@@ -106,6 +121,11 @@ SDK_SERVER = "dashscope.finetune.reinforcement.component.server.server"
 
 class PackagingError(Exception):
     pass
+
+
+class WorkspaceFileError(PackagingError):
+    """A file that cannot be packaged as it is (its name is not UTF-8, it cannot be read):
+    a local mistake, found before anything is sent."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +155,28 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+def _shown(name: str) -> str:
+    """A file name as it may be printed: bytes that are not UTF-8 as ``\\xff``."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _credentials(name: str, arcname: str, path: Path) -> bool:
+    """A credentials file: by its name, its path, or (a small file) a private key block or
+    a service-account key in its first bytes."""
+    if _matches(name, SECRET_PATTERNS) or any(
+        f"/{arcname}".endswith(f"/{p}") for p in SECRET_PATHS
+    ):
+        return True
+    try:
+        if path.stat().st_size > _SNIFFED_SIZE:
+            return False
+        with path.open("rb") as file:
+            head = file.read(_SNIFFED_PREFIX)
+    except OSError as exc:
+        raise WorkspaceFileError(f"{_shown(arcname)}: cannot read it: {exc.strerror}") from None
+    return bool(_PRIVATE_KEY.search(head)) or all(p.search(head) for p in _SERVICE_ACCOUNT)
+
+
 @dataclass
 class _Walk:
     root: Path  # the workspace, resolved
@@ -147,7 +189,9 @@ class _Walk:
         try:
             entries = sorted(os.scandir(real), key=lambda e: e.name)
         except OSError as exc:
-            raise PackagingError(f"cannot read {prefix or '.'}: {exc.strerror}") from None
+            raise WorkspaceFileError(
+                f"{_shown(prefix or '.')}: cannot read it: {exc.strerror}"
+            ) from None
         for entry in entries:
             arcname = prefix + entry.name
             path = Path(entry.path)
@@ -174,7 +218,13 @@ class _Walk:
             elif path.is_file():
                 if arcname == "start.sh" or self._excluded(entry.name, arcname):
                     continue
-                if arcname not in self.included and _matches(entry.name, SECRET_PATTERNS):
+                if _shown(arcname) != arcname:  # undecodable bytes, kept as surrogates
+                    raise WorkspaceFileError(
+                        f"{_shown(arcname)}: the file name is not valid UTF-8, which a name "
+                        "in the zip must be: rename the file or exclude it "
+                        "(FC_ZIP_EXCLUDE_PATTERNS)"
+                    )
+                if arcname not in self.included and _credentials(entry.name, arcname, path):
                     self.secrets.append(arcname)
                     continue
                 self.files.append((arcname, path))
@@ -183,7 +233,7 @@ class _Walk:
         return _matches(name, self.patterns) or _matches(arcname, self.patterns)
 
     def _skip_dir(self, name: str, arcname: str, path: Path, *, top: bool) -> bool:
-        if self._excluded(name, arcname) or (path / "pyvenv.cfg").exists():
+        if self._excluded(name, arcname) or os.path.exists(path / "pyvenv.cfg"):
             return True  # pyvenv.cfg: a virtual environment by any name
         return top and name in TOP_LEVEL_EXCLUDES and not (path / "__init__.py").is_file()
 
@@ -361,7 +411,10 @@ def build_package(
             source = entries[name]
             executable = name == "start.sh"
             if isinstance(source, Path):
-                data = source.read_bytes()
+                try:
+                    data = source.read_bytes()
+                except OSError as exc:
+                    raise WorkspaceFileError(f"{name}: cannot read it: {exc.strerror}") from None
                 executable = bool(source.stat().st_mode & stat.S_IXUSR)
             else:
                 data = source

@@ -1,7 +1,8 @@
 """Progress of long steps on stderr: ``rich`` when stderr is a terminal, plain lines otherwise.
 
 Plain lines keep logs and CI output readable (no cursor movement, no colour codes); the
-terminal gets a spinner that is replaced by a one-line result.
+terminal gets a spinner that is replaced by a one-line result. Every text goes through
+``scrub.shown``: no key, and no control sequence the platform sent (in a log line, a name).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from runtime.platform.scrub import scrub
+from runtime.platform.scrub import shown
 
 __all__ = ["Reporter"]
 
@@ -30,7 +31,7 @@ class Reporter:
 
     def note(self, text: str) -> None:
         """One line of news (a status change, a retry, a log line)."""
-        text = scrub(text)
+        text = shown(text)
         if self._console is not None:
             self._console.print(text, markup=False)
         else:
@@ -39,7 +40,7 @@ class Reporter:
     def update(self, text: str) -> None:
         """New text for the running step (a spinner's label; a line when plain)."""
         if self._status is not None:
-            self._status.update(scrub(text))
+            self._status.update(shown(text))
         else:
             self.note(text)
 
@@ -47,7 +48,7 @@ class Reporter:
     def step(self, text: str) -> Iterator[None]:
         """A long step: a spinner on a terminal, a start and an end line otherwise."""
         started = time.monotonic()
-        text = scrub(text)
+        text = shown(text)
         if self._console is not None:
             with self._console.status(text) as status:
                 self._status = status

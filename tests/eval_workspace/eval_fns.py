@@ -59,3 +59,16 @@ class ExitsOnCall(AbstractRewardProcessor):
     def process(self, input_data: RewardInput) -> RewardOutput:
         print("ExitsOnCall: going down", flush=True)
         os._exit(3)
+
+
+class WaitsForRelease(AbstractRewardProcessor):
+    """Touches EVAL_MARKER once called, then waits (two minutes at most) until the file
+    EVAL_RELEASE exists: a test acts while eval is mid-run, then lets it finish."""
+
+    def process(self, input_data: RewardInput) -> RewardOutput:
+        Path(os.environ["EVAL_MARKER"]).touch()
+        release = Path(os.environ["EVAL_RELEASE"])
+        deadline = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return RewardOutput(reward=Reward(reward_score=0.5))

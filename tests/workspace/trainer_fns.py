@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import os
 import time
+from pathlib import Path
+
+from pydantic import model_validator
 
 from processors_base import (
     AbstractRewardProcessor,
@@ -99,6 +102,12 @@ def _odd_output(answer: str) -> RewardOutput | None:
         return RewardOutput(
             reward=Reward(reward_score=0.9), status=TaskStatus.FAILED, error="judge unsure"
         )
+    if answer == "FAILEDMETRIC":  # failed, with a "score" metric OpenRLHF would read
+        return RewardOutput(
+            reward=Reward(reward_score=1.0, reward_metrics={"score": 1.0}),
+            status=TaskStatus.FAILED,
+            error="judge unsure",
+        )
     return None
 
 
@@ -143,3 +152,48 @@ class SlowSetupReward(AbstractRewardProcessor):
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+class PausingInput(RewardInput):
+    """Validation of the sample whose ground truth is ``PAUSE`` blocks (sync, as a custom
+    validator may) until ``$PAUSE_DIR/release`` exists, after creating ``$PAUSE_DIR/paused``."""
+
+    @model_validator(mode="after")
+    def _pause(self) -> PausingInput:
+        if self.ground_truth == "PAUSE":
+            folder = Path(os.environ["PAUSE_DIR"])
+            (folder / "paused").touch()
+            deadline = time.monotonic() + 60  # never hang a test run for good
+            while not (folder / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return self
+
+
+class PausingReward(AbstractRewardProcessor):
+    """1.0 for every sample; its input model pauses on ``PAUSE`` (see PausingInput)."""
+
+    input_model = PausingInput
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        return RewardOutput(reward=Reward(reward_score=1.0))
+
+
+@reward_func("style_judged")
+class StyleJudgedReward(AbstractRewardProcessor):
+    """``correct`` (0.8) matches the ground truth; ``style`` (0.2), an LLM judge, times out
+    on an answer ending in ``TIMEOUT``; ``BOTH`` fails both."""
+
+    @sub_reward_func("correct", sub_weight=0.8)
+    def correct(self, input_data: RewardInput) -> RewardOutput:
+        answer = _answer(input_data)
+        if answer == "BOTH":
+            raise ConnectionError("the checker is down")
+        truth = str(input_data.ground_truth)
+        score = 1.0 if answer.removesuffix("TIMEOUT").strip() == truth else 0.0
+        return RewardOutput(reward=Reward(reward_score=score))
+
+    @sub_reward_func("style", sub_weight=0.2)
+    async def style(self, input_data: RewardInput) -> RewardOutput:
+        if _answer(input_data).endswith(("TIMEOUT", "BOTH")):
+            raise TimeoutError("the judge timed out")
+        return RewardOutput(reward=Reward(reward_score=0.5))
