@@ -97,10 +97,13 @@ class RequestMetadata(WireModel):
     attempt_id: str
 
 
+# Lists and dicts whose items are checked stop at their first invalid item (fail_fast): a
+# body of a million invalid items was a million errors of a few KB each, gigabytes.
 class AgentOutput(WireModel):
-    messages: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = Field(None, fail_fast=True)
     rollout_extra: dict[str, Any] | None = None
-    rollout_metrics: dict[str, float] | None = Field(default_factory=dict)  # null too, as SDK
+    # null too, as the SDK
+    rollout_metrics: dict[str, float] | None = Field(default_factory=dict, fail_fast=True)
     reward_score: float | None = None
 
 
@@ -112,8 +115,8 @@ class BaseDataModel(WireModel):
 
 class RolloutInput(BaseDataModel):
     func_type: FunctionType = FunctionType.ROLLOUT
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] = Field(fail_fast=True)
+    tools: list[dict[str, Any]] | None = Field(None, fail_fast=True)
     ground_truth: Any | None = None
     rollout_extra: dict[str, Any] | None = None
     sampling_params: dict[str, Any] | None = None
@@ -149,7 +152,7 @@ class RewardOutput(WireModel):
 
 class GroupRewardInput(BaseDataModel):
     func_type: FunctionType = FunctionType.GROUP_REWARD
-    agent_outputs: list[AgentOutput]
+    agent_outputs: list[AgentOutput] = Field(fail_fast=True)
     request_metadata: RequestMetadata | None = None
     ground_truth: Any | None = None
 

@@ -29,11 +29,11 @@ from processors_base.models import TaskStatus
 from processors_base.observability.processor import record_output
 from processors_base.redaction import in_flight
 from runtime import errors
-from runtime.admission import Admission
+from runtime.admission import PARSE_COSTS, PARSED_FLOOR, Admission, parsed_extra, scan_above
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_request, bind_secrets
-from runtime.metrics import CONTENT_TYPE_LATEST, OTHER, Metrics
+from runtime.metrics import CONTENT_TYPE_LATEST, OTHER, UNKNOWN_PATH, Metrics
 from runtime.protocol import REJECTED
 from runtime.sdk_alias.parsers import parser_for
 from runtime.sending import WHOLE_RESPONSE, split_whole_responses
@@ -53,6 +53,7 @@ _NONE: dict[str, Any] = {}
 _CLOSE = (b"connection", b"close")
 _RETRY_AFTER = (b"retry-after", b"1")
 _API_PATHS = ("/api/v1", "/api/v1/")
+_STARTED = "rl_function.started"  # scope key: when a request not on /api/v1 came in
 
 
 class _ClientGone(Exception):
@@ -78,6 +79,10 @@ class FunctionApp:
         self.request_log = RequestLog(function.func_type.value, settings)
         self._timeout = settings.timeout
         self._max_body = settings.max_body
+        # what a parsed /api/v1 body costs; one of up to _scan_above bytes is not scanned
+        group = function.func_type.value == "group_reward"
+        self._parse_costs = PARSE_COSTS["group" if group else "api"]
+        self._scan_above = scan_above(self._parse_costs, PARSED_FLOOR)
         self._body_timeout = settings.body_timeout
         self._body_deadlines = _BodyDeadlines(settings.body_timeout)
         self._first_looks = _FirstLooks()
@@ -104,10 +109,13 @@ class FunctionApp:
                 Route("/api/v1", self._method_not_allowed, methods=["POST"]),
                 *_trainer_routes(self),
             ],
-            exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+            exception_handlers={HTTPException: self._http_error, Exception: _internal_error},
         )
         # A redirect would be built from the request's Host header (an open redirect).
         self._routes.router.redirect_slashes = False
+        # the path label of an answer no route served: a route's path, else UNKNOWN_PATH
+        self._route_paths = {r.path: r.path for r in self._routes.routes if isinstance(r, Route)}
+        self._route_paths["/api/v1/"] = "/api/v1"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -117,6 +125,7 @@ class FunctionApp:
                     send = split_whole_responses(send)
                 await self._invoke(scope, receive, send)
             else:
+                scope[_STARTED] = perf_counter()  # for the line of a 404 or 405
                 await self._routes(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -258,8 +267,15 @@ class FunctionApp:
         if not admission.full:
             try:
                 body = await self.read_body(scope, receive)
+                held = len(body)
+                if held > self._scan_above:  # charged for its parse too, until the end
+                    try:
+                        held += self.hold_parsed(body, self._parse_costs, PARSED_FLOOR)
+                    except RequestError:
+                        admission.release_body(held)
+                        raise
             except RequestError as exc:
-                extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: body unread
+                extra = _RETRY_AFTER if exc.status == 503 else _CLOSE  # 408, 413: maybe unread
                 await _send(send, exc.status, exc.body, extra)
                 self._finish(scope, started, exc.status, exc.code, str(exc), None)
                 return
@@ -268,7 +284,7 @@ class FunctionApp:
                 self._finish(scope, started, 499, errors.CLIENT_DISCONNECTED, message, None)
                 return
             if not admission.try_admit():
-                admission.release_body(len(body))
+                admission.release_body(held)
                 body = None
         if body is None:
             message = "all processing slots and the queue are taken; retry later"
@@ -358,7 +374,7 @@ class FunctionApp:
             interrupt.close()
             if secrets:
                 in_flight.discard(secrets)
-            admission.release_body(len(body))  # when the task ends: until then it holds it
+            admission.release_body(held)  # when the task ends: until then it holds it
             if interrupt.abandoned:  # _overdue has ended the request; its task ends only now
                 self._stuck_task_ended(interrupt)
             else:
@@ -511,6 +527,31 @@ class FunctionApp:
         finally:
             deadlines.stop(task)
 
+    def hold_parsed(self, body: bytes, costs: tuple[int, int, int], floor: int = 0) -> int:
+        """Hold in the body budget, besides the body's bytes (held already), what it is
+        estimated to take once parsed beyond them (``admission.parsed_extra``); the bytes
+        held. RequestError: a 413 when body and parse could never fit the budget (a 503 would
+        be retried forever), a 503 when they do not fit now."""
+        admission = self.admission
+        if not admission.max_buffered:
+            return 0
+        extra = parsed_extra(body, costs, floor)
+        if not extra or admission.hold_body(extra):
+            return extra
+        # refused on the first estimate: again, without the marks in its strings (slower)
+        extra = parsed_extra(body, costs, floor, exact=True)
+        if not extra or admission.hold_body(extra):
+            return extra
+        if len(body) + extra > admission.max_buffered:
+            raise RequestError(
+                413,
+                errors.BODY_TOO_LARGE,
+                f"request body would take about {len(body) + extra} bytes once parsed "
+                f"(it is mostly tiny JSON values), more than --max-buffered "
+                f"({admission.max_buffered} bytes) lets a worker hold",
+            )
+        raise _over_budget(admission.buffered)
+
     def _hold_more(self, held: int, size: int) -> int:
         if not self.admission.hold_body(size):
             raise _over_budget(self.admission.buffered)
@@ -575,6 +616,23 @@ class FunctionApp:
 
     async def _method_not_allowed(self, request: Request) -> Response:
         raise HTTPException(405, headers={"Allow": "POST"})
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        """A 404 (a typo'd URL), a 405 (a GET to /api/v1): answered, counted in
+        rl_function_requests_total by its route (a path no route has: UNKNOWN_PATH) and
+        logged as every non-2xx answer is."""
+        assert isinstance(exc, HTTPException)
+        code, message = _http_error_answer(request, exc)
+        scope = request.scope
+        self.metrics.unrouted(self._route_paths.get(scope["path"], UNKNOWN_PATH), exc.status_code)
+        elapsed = perf_counter() - scope.get(_STARTED, perf_counter())
+        self.request_log.failure(scope, exc.status_code, elapsed, code, message, None)
+        return Response(
+            errors.error_body(code, message),
+            exc.status_code,
+            headers=exc.headers,
+            media_type="application/json",
+        )
 
 
 def _failed_result(result: Any) -> tuple[str, str] | None:
@@ -840,8 +898,8 @@ def _over_budget(buffered: int) -> RequestError:
     return RequestError(
         503,
         errors.OVERLOADED,
-        f"this worker already holds {buffered} bytes of request bodies (--max-buffered); "
-        "retry later",
+        f"this worker already holds {buffered} bytes of request bodies and what they parse "
+        "into (--max-buffered); retry later",
     )
 
 
@@ -849,22 +907,15 @@ def _too_large(limit: int) -> RequestError:
     return RequestError(413, errors.BODY_TOO_LARGE, f"request body is larger than {limit} bytes")
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
+def _http_error_answer(request: Request, exc: HTTPException) -> tuple[str, str]:
+    """(code, message) of a 404, a 405 or another HTTPException of the routes."""
     path = request.scope["path"]  # never request.url: that is built from the Host header
     path = path if len(path) <= 200 else path[:200] + "..."
     if exc.status_code == 404:
-        code, message = errors.NOT_FOUND, f"no such endpoint: {path}"
-    elif exc.status_code == 405:
-        code, message = errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {path}"
-    else:
-        code, message = f"HTTP_{exc.status_code}", str(exc.detail)
-    return Response(
-        errors.error_body(code, message),
-        exc.status_code,
-        headers=exc.headers,
-        media_type="application/json",
-    )
+        return errors.NOT_FOUND, f"no such endpoint: {path}"
+    if exc.status_code == 405:
+        return errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {path}"
+    return f"HTTP_{exc.status_code}", str(exc.detail)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -238,8 +238,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-body", "max_body", ("MAX_BODY_BYTES",), _int(1),
            "largest request body in bytes; beyond it, 413", "BYTES"),
     Option("--max-buffered", "max_buffered", ("MAX_BUFFERED_BYTES",), _int(1),
-           "request-body bytes a worker holds at once (bodies being received or served); "
-           "beyond it, 503 + Retry-After; 8 x --max-body unless given", "BYTES"),
+           "request-body bytes a worker holds at once (bodies being received or served, one "
+           "of tiny JSON values as what it parses into); beyond it, 503 + Retry-After, and 413 "
+           "for a body that alone is more; 8 x --max-body unless given", "BYTES"),
     Option("--body-timeout", "body_timeout", ("BODY_TIMEOUT",), _seconds,
            "seconds a client has to send a request's headers, and then its body; "
            "then 408 and the connection is closed", "SECONDS"),

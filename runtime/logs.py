@@ -23,10 +23,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import itertools
 import logging
 import logging.handlers
+import os
 import queue
 import re
+import secrets
 import sys
 import threading
 import traceback
@@ -344,10 +347,13 @@ class RequestLog:
         if len(message) > 500:  # cut before it is scrubbed, a margin past the cut scrubbed too
             message = redact_head(message, 500, marker=MASK) + "..."
         ids = _ids(scope, input_data)
+        path = scope["path"]  # any path, with a 404: cut and escaped
+        path = escape(path if len(path) <= 200 else path[:200] + "...")
         self._log.log(
             level,
-            "POST %s %s %d %.1fms %s%s%s: %s",
-            scope["path"],
+            "%s %s %s %d %.1fms %s%s%s: %s",
+            scope["method"],
+            path,
             self._func_type,
             status,
             elapsed * 1000,
@@ -357,7 +363,7 @@ class RequestLog:
             escape(message),
             extra={
                 "fields": {
-                    "path": scope["path"],
+                    "path": path,
                     "func_type": self._func_type,
                     "status": status,
                     "result": "failed",
@@ -404,15 +410,37 @@ class _UserError(tuple):  # type: ignore[type-arg]
 
 _HEADER_IDS = {b"x-request-id": "request_id", b"x-fc-request-id": "fc_request_id"}
 _METADATA_IDS = ("job_id", "sample_id", "rollout_id", "attempt_id")
+# The scope key of the request_id made for a request that brought none (OpenRLHF, slime and
+# NeMo Gym send none): made when its first line is written, so a request that logs nothing
+# costs nothing. This process's prefix and a count: unique across workers and restarts.
+_MADE_ID = "rl_function.request_id"
+_made_ids = itertools.count(1)
+_id_prefix = secrets.token_hex(4)
+
+
+def _fresh_prefix() -> None:  # a forked child counts on its own
+    global _id_prefix
+    _id_prefix = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_fresh_prefix)
 
 
 def _ids(scope: dict[str, Any], input_data: BaseDataModel | None) -> dict[str, str]:
     """The request's ids, each cut to ID_LIMIT characters (before it is scrubbed, a margin
-    past the cut with it: no secret the cut splits keeps a part) and escaped onto one line."""
+    past the cut with it: no secret the cut splits keeps a part) and escaped onto one line.
+    A request without an id header gets a request_id made for it, the same on all its lines
+    (kept in its scope, which they all share; not in an isolation process, whose lines
+    have no scope: the worker's id would not be theirs)."""
     ids: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
         if name in _HEADER_IDS:
             ids[_HEADER_IDS[name]] = _id(value.decode("latin-1"))
+    if not ids and "type" in scope:
+        made = scope.get(_MADE_ID)
+        if made is None:  # setdefault: two threads logging at once keep the same one
+            made = scope.setdefault(_MADE_ID, f"{_id_prefix}-{next(_made_ids)}")
+        ids["request_id"] = made
     metadata = getattr(input_data, "request_metadata", None)
     if metadata is not None:
         for key in _METADATA_IDS:

@@ -42,7 +42,7 @@ from prometheus_client.utils import floatToGoString
 from processors_base.rewards import SUB_REWARD_ERROR
 from runtime import errors
 
-__all__ = ["CONTENT_TYPE_LATEST", "OTHER", "Metrics", "code_label"]
+__all__ = ["CONTENT_TYPE_LATEST", "OTHER", "UNKNOWN_PATH", "Metrics", "code_label"]
 
 _BUCKETS = (
     0.001,
@@ -66,7 +66,13 @@ _BUCKETS = (
 )
 
 
-_REQUESTS = ("rl_function_requests", "Requests to /api/v1 by function type and status code.")
+_REQUESTS = (
+    "rl_function_requests",
+    "Requests to /api/v1 by function type and status code, and the answers to requests no "
+    'route serves (404, 405) by path: the route\'s, or "unknown".',
+)
+_REQUEST_LABELS = ("func_type", "path", "status")
+UNKNOWN_PATH = "unknown"  # the path label of a path no route has: never the path itself
 _LATENCY = ("rl_function_request_duration_seconds", "Latency of /api/v1 requests.")
 _RESULTS = (
     "rl_function_results",
@@ -124,6 +130,8 @@ class _ApiCounts:
         self.func_type = func_type
         self.by_status: dict[int, int] = {}
         self.created: dict[int, float] = {}  # when each status was first counted (_created)
+        # answers no route served (404, 405): (path label, status) -> [count, created]
+        self.unrouted: dict[tuple[str, int], list[float]] = {}
         self.buckets = [0] * (len(_BUCKETS) + 1)  # per bucket, not cumulative; last: +Inf
         self.sum = 0.0
         self._since = time.time()
@@ -138,9 +146,12 @@ class _ApiCounts:
         self.sum += seconds
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(*_REQUESTS, labels=["func_type", "status"])
+        requests = CounterMetricFamily(*_REQUESTS, labels=_REQUEST_LABELS)
         for status, count in sorted(self.by_status.items()):
-            requests.add_metric([self.func_type, str(status)], count, self.created[status])
+            labels = [self.func_type, _API_ROUTE, str(status)]
+            requests.add_metric(labels, count, self.created[status])
+        for (path, status), (count, created) in sorted(self.unrouted.items()):
+            requests.add_metric([self.func_type, path, str(status)], count, created)
         yield requests
         latency = HistogramMetricFamily(*_LATENCY, labels=["func_type"])
         cumulative, total = [], 0
@@ -168,7 +179,7 @@ class Metrics:
         self._shared: dict[int, Any] = {}
         self._results: dict[tuple[str, str], Any]  # (route, error code label) -> its child
         if multiprocess:
-            self._requests = Counter(*_REQUESTS, ["func_type", "status"], registry=None)
+            self._requests = Counter(*_REQUESTS, _REQUEST_LABELS, registry=None)
             self._latency = Histogram(
                 *_LATENCY, ["func_type"], buckets=_BUCKETS, registry=None
             ).labels(func_type)
@@ -240,7 +251,9 @@ class Metrics:
         else:
             child = self._shared.get(status)
             if child is None:
-                child = self._shared[status] = self._requests.labels(self._func_type, str(status))
+                child = self._shared[status] = self._requests.labels(
+                    self._func_type, _API_ROUTE, str(status)
+                )
             child.inc()
             self._latency.observe(seconds)
         if status == 200:
@@ -251,6 +264,18 @@ class Metrics:
             self.timeouts.inc()
         elif status == 500:
             self.processor_errors.inc()
+
+    def unrouted(self, path: str, status: int) -> None:
+        """An answer to a request no route served (404, 405); ``path``: the route's path, or
+        UNKNOWN_PATH (label values stay bounded)."""
+        if self._api is None:
+            self._requests.labels(self._func_type, path, str(status)).inc()
+            return
+        counted = self._api.unrouted.get((path, status))
+        if counted is None:
+            self._api.unrouted[(path, status)] = [1, time.time()]
+        else:
+            counted[0] += 1
 
     def result(self, route: str, code: str) -> None:
         """One result on ``route`` (on the event loop): a success if ``code`` is "", else a

@@ -42,7 +42,7 @@ import anyio
 import anyio.to_thread
 import orjson
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -50,6 +50,7 @@ from typing_extensions import TypedDict  # pydantic reads typing's only from Pyt
 
 from processors_base.rewards import RENORMALIZED, registry_of
 from runtime import errors
+from runtime.admission import PARSE_COSTS
 from runtime.app import _ClientGone, _Interrupt
 from runtime.function import ProcessorFailure, RequestError, invalid_input
 from runtime.logs import bind_request
@@ -79,6 +80,9 @@ _START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not 
 _INLINE_SAMPLES = 32
 _INLINE_BYTES = 64 * 1024
 _RETRY_AFTER = {"Retry-After": "1"}
+# what a body parsed and mapped costs (runtime.admission.PARSE_COSTS), by protocol; "plain"
+# for one that is parsed only (OpenRLHF's samples are held by _hold_samples)
+_PARSE_COSTS = {**PARSE_COSTS, "openrlhf": PARSE_COSTS["plain"]}
 _T = TypeVar("_T")
 _CLOSE = {"Connection": "close"}
 
@@ -320,6 +324,10 @@ class TrainerRoutes:
                 raise _Reject.of(exc) from None
             held = len(raw)  # held in the body budget until the answer is out
             request.state.body_bytes = held
+            try:  # and what its parse is estimated to take (what the adapter copies too)
+                held += app.hold_parsed(raw, _PARSE_COSTS[protocol if score else "plain"])
+            except RequestError as exc:
+                raise _Reject.of(exc) from None
             body = _parse(raw)
             if samples is not None:
                 held += self._hold_samples(samples(body), held)
@@ -753,7 +761,9 @@ class _Part(TypedDict, total=False):
     refusal: str | None
 
 
-_Content = str | list[_Part] | None
+# Each list stops at its first invalid item (fail_fast): a million invalid items were a
+# million errors of 2.4 KB each.
+_Content = str | Annotated[list[_Part], Field(fail_fast=True)] | None
 
 
 class _Message(TypedDict, total=False):
@@ -804,12 +814,12 @@ _Item = Annotated[
 
 
 class _CreateParams(_Loose):
-    input: str | list[_Item] | None = None
-    tools: list[dict[str, Any]] | None = None
+    input: str | Annotated[list[_Item], Field(fail_fast=True)] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, fail_fast=True)
 
 
 class _Response(_Loose):
-    output: list[_Item] | None = None
+    output: list[_Item] | None = Field(None, fail_fast=True)
 
 
 class _GymRow(_Loose):

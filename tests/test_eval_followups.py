@@ -185,3 +185,68 @@ def test_llm_timeout_bounds_the_test_completion_whatever_the_llm_does(tmp_path: 
     assert elapsed < 30, elapsed
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "did not answer a one-token test completion within 2 s" in lines[0]
+
+
+def test_llm_timeout_bounds_each_chat_completion_of_a_job_without_rollout(tmp_path: Path) -> None:
+    """Without a rollout eval asks the LLM itself, through openai, whose timeout is httpx's,
+    per read: a completion trickled a byte a second held the run far past --llm-timeout."""
+    answered = 0
+    completion = json.dumps(
+        {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+         "choices": [{"index": 0, "finish_reason": "stop",
+                      "message": {"role": "assistant", "content": "OK"}}]}
+    ).encode()  # fmt: skip
+
+    async def first_at_once(method: str, target: str, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        answered += 1
+        if answered == 1:  # the one-token test completion
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            await send(writer, head + f"Content-Length: {len(completion)}\r\n\r\n".encode())
+            await send(writer, completion)
+        else:
+            await _trickle(method, target, writer)
+
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with RawServer(first_at_once) as server:
+        started = time.monotonic()
+        done = run_eval(
+            config, "--llm-base-url", server.base_url, "--llm-timeout", "2", "-n", "1",
+            "-k", "1", timeout=120,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr  # its only completion failed: stopped
+    assert elapsed < 40, elapsed
+    assert "CLIENT_TIMEOUT" in done.stderr and "within 2 s (--llm-timeout)" in done.stderr
+
+
+def test_half_an_emoji_in_the_one_token_test_completion_is_an_answer(tmp_path: Path) -> None:
+    """One token of an emoji is half of it: the test completion's lone surrogate was taken
+    for "not JSON" and eval refused the LLM (exit 1)."""
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    with LLMStub(free_port(), broken="surrogate") as llm:
+        done = run_eval(config, "--llm-base-url", llm.base_url, "-n", "1", "-k", "2", "--out", "o")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert [f["kind"] for f in summary["flags"] if f["kind"] == "invalid_text"] == ["invalid_text"]
+
+
+@pytest.mark.parametrize("key", ["sk-secrét-key-123", "sk-secret\nkey-123", "sk secret key"])
+def test_an_llm_key_that_cannot_be_sent_is_a_usage_error(tmp_path: Path, key: str) -> None:
+    """A key with a non-ASCII character ended in ``UnicodeEncodeError`` and a traceback;
+    one with a line break or a space was sent to fail as "cannot reach the LLM"."""
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--llm-api-key", key)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: the LLM key (--llm-api-key, LLM_API_KEY) has a character")
+    assert "secr" not in line and "key-123" not in line
+
+
+def test_an_llm_timeout_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None:
+    """``--llm-timeout nan`` passed argparse (nan is not <= 0) and ended in ``ValueError:
+    deadline must not be NaN`` and a traceback."""
+    config = job_file(tmp_path, [ANSWER], teacher="teacher-model")
+    done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--llm-timeout", "nan")
+    assert done.returncode == 2, done.stderr
+    assert "argument --llm-timeout: must be above 0: 'nan'" in done.stderr.splitlines()[-1]

@@ -355,7 +355,7 @@ def test_a_request_the_protocol_answers_400_is_counted_400(start_server, request
         assert_json_error(headers, body, "BAD_REQUEST")
         assert closed_by_server(sock, 30)
     deadline = time.monotonic() + 30
-    while 'rl_function_requests_total{func_type="reward",status="400"} 1.0' not in (
+    while 'rl_function_requests_total{func_type="reward",path="/api/v1",status="400"} 1.0' not in (
         text := server.client.get("/metrics").text
     ):
         assert time.monotonic() < deadline, text
@@ -449,7 +449,9 @@ def test_any_failure_of_user_code_is_a_json_500_counted_as_500(start_server, tar
         for line in server.client.get("/metrics").text.splitlines()
         if line.startswith("rl_function_requests_total{")
     ]
-    assert counted == ['rl_function_requests_total{func_type="reward",status="500"} 3.0']
+    assert counted == [
+        'rl_function_requests_total{func_type="reward",path="/api/v1",status="500"} 3.0'
+    ]
     server.terminate()
     output = server.output()
     assert output.count(" 500 ") >= 3, output  # the request log says 500 for each

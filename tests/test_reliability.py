@@ -15,6 +15,8 @@ import httpx
 import pytest
 from conftest import SAMPLES, alive, descendants, reward_body, wait_gone
 
+API = 'func_type="reward",path="/api/v1"'  # the labels of /api/v1's requests
+
 
 def metric(text: str, name: str, labels: str = "") -> float:
     pattern = (
@@ -44,12 +46,12 @@ def test_metrics_count_requests_by_status(start_server):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
-    assert metric(text, "rl_function_requests_total", 'func_type="reward",status="200"') == 3
-    assert metric(text, "rl_function_requests_total", 'func_type="reward",status="400"') == 1
-    assert metric(text, "rl_function_requests_total", 'func_type="reward",status="422"') == 1
+    assert metric(text, "rl_function_requests_total", f'{API},status="200"') == 3
+    assert metric(text, "rl_function_requests_total", f'{API},status="400"') == 1
+    assert metric(text, "rl_function_requests_total", f'{API},status="422"') == 1
     assert metric(text, "rl_function_request_duration_seconds_count", 'func_type="reward"') == 5
     # the _created series prometheus-client's own counters and histograms have
-    assert metric(text, "rl_function_requests_created", 'func_type="reward",status="200"') > 0
+    assert metric(text, "rl_function_requests_created", f'{API},status="200"') > 0
     assert metric(text, "rl_function_request_duration_seconds_created", 'func_type="reward"') > 0
     assert metric(text, "rl_function_requests_in_flight") == 0
     assert metric(text, "rl_function_rejected_total") == 0
@@ -62,7 +64,7 @@ def test_metrics_add_up_across_workers(start_server):
         with httpx.Client(base_url=server.url) as fresh:  # new connections spread over workers
             assert fresh.post("/api/v1", json=reward_body()).status_code == 200
     text = server.client.get("/metrics").text
-    assert metric(text, "rl_function_requests_total", 'func_type="reward",status="200"') == 20
+    assert metric(text, "rl_function_requests_total", f'{API},status="200"') == 20
     results = 'error_code="",route="/api/v1",status="success"'
     assert metric(text, "rl_function_results_total", results) == 20
     assert server.terminate() == 0  # and its shared metrics directory goes with it

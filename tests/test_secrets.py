@@ -107,7 +107,9 @@ def test_key_in_a_url_is_blanked_from_body_log_and_httpx_lines(start_server, api
     assert "HTTP Request: GET" in log  # httpx's own line went through the filter
     assert "tok-0123456789abcdef" not in log and "hunter2" not in log
     metrics = server.client.get("/metrics").text
-    assert 'rl_function_requests_total{func_type="rollout",status="500"} 1.0' in metrics
+    assert (
+        'rl_function_requests_total{func_type="rollout",path="/api/v1",status="500"} 1.0' in metrics
+    )
 
 
 def test_isolation_processes_scrub_their_lines_and_show_user_frames(start_server, api):

@@ -80,7 +80,10 @@ def test_a_task_that_ignores_every_cancellation_is_answered_and_counted_stuck(
     server.wait_output("ignores its cancellation")
     server.wait_output("a stuck async process() ended after")
     text = server.client.get("/metrics").text
-    assert metric(text, "rl_function_requests_total", 'func_type="reward",status="504"') == 1
+    assert (
+        metric(text, "rl_function_requests_total", 'func_type="reward",path="/api/v1",status="504"')
+        == 1
+    )
 
 
 # --- slots, the queue and stuck counts ------------------------------------------------

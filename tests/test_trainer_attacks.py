@@ -42,27 +42,40 @@ def server() -> Iterator[Server]:
 
 
 def _worst_health_while(server: Server, path: str, body: bytes) -> tuple[httpx.Response, float]:
-    """The answer to ``body`` and the slowest /health answered while it was in flight."""
-    worst = 0.0
+    """The answer to ``body``, and the slowest /health answered while it was in flight as a
+    share of the whole request: near 1 when the loop was held for the work (a share, not
+    seconds, so that a loaded machine slowing both alike cannot fail it)."""
+    worst, answered = 0.0, 0
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        began = time.monotonic()
         answer = pool.submit(server.client.post, path, content=body, timeout=300)
         with httpx.Client(base_url=server.url, timeout=120) as health:
             while not answer.done():
                 started = time.monotonic()
                 assert health.get("/health").status_code == 200
                 worst = max(worst, time.monotonic() - started)
-        return answer.result(), worst
+                answered += 1
+        result = answer.result()
+        total = time.monotonic() - began
+    assert answered >= 3, f"/health answered {answered} times in {total:.2f}s"
+    return result, worst / total
 
 
-def test_a_gym_row_of_a_million_items_keeps_the_loop_free(server: Server) -> None:
+def test_a_gym_row_of_a_million_items_keeps_the_loop_free() -> None:
     # 3 MB of empty Responses API items: each was a pydantic model built on the event
-    # loop (seconds of /health unanswered, about 1 KB of memory per item)
+    # loop (seconds of /health unanswered, about 1 KB of memory per item). Parsed and
+    # validated they still take 460 MB, a 413 within the default --max-buffered: raised here.
     items = b",".join([b"{}"] * 1_000_000)
     body = b'{"responses_create_params":{"input":[' + items + b']},"response":{"output":[]}}'
-    answer, worst = _worst_health_while(server, "/verify", body)
+    server = Server(OWN_CODE, "--max-buffered", str(2 * 1024**3))
+    try:
+        server.wait_ready(timeout=60)
+        answer, worst = _worst_health_while(server, "/verify", body)
+    finally:
+        server.close()
     assert answer.status_code == 200, answer.text[:300]
     assert answer.json()["reward"] == 1.0
-    assert worst < 1.0, f"/health took {worst:.2f}s while a large row was validated"
+    assert worst < 0.5, f"/health waited {worst:.0%} of the time a large row was validated"
 
 
 def test_a_single_huge_openrlhf_sample_keeps_the_loop_free() -> None:
@@ -76,7 +89,7 @@ def test_a_single_huge_openrlhf_sample_keeps_the_loop_free() -> None:
         answer, worst = _worst_health_while(server, "/openrlhf/get_reward", body)
         assert answer.status_code == 200, answer.text[:300]
         assert answer.json()["extra_logs"]["prompt_mismatch"] == [1.0]
-        assert worst < 1.0, f"/health took {worst:.2f}s while one large sample was built"
+        assert worst < 0.5, f"/health waited {worst:.0%} of the time one large sample was built"
         status = Path(f"/proc/{server.proc.pid}/status").read_text()
         peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
         assert peak_kb < 200 * 1024, f"peak RSS {peak_kb // 1024} MB for one 10 MB sample"

@@ -15,7 +15,10 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.eval.files import OutDir
 
 __all__ = ["COMMAND", "add_command", "run"]
 
@@ -28,7 +31,7 @@ def _positive(kind: type) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
+        if not value > 0:  # nan too
             raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
         return value
 
@@ -179,30 +182,36 @@ _scrub: Any = str  # the run's Scrubber.text once the plan is made
 
 
 def _error(message: str, code: int) -> int:
-    print(f"error: {_scrub(message)}", file=sys.stderr)
+    from runtime.eval.files import terminal
+
+    print(f"error: {terminal(_scrub(message))}", file=sys.stderr)  # a name, a data line
     return code
 
 
 _OWN_FILES = ("trajectories.jsonl", "summary.json", "report.html", "logs")
 
 
-def _own(path: Path) -> bool:
-    """One of eval's files, as an earlier run left it (``logs/``: server logs only)."""
-    if path.name not in _OWN_FILES or path.is_symlink():
+def _own(out: OutDir, name: str) -> bool:
+    """One of eval's files, as an earlier run left it (``logs/``: server logs only); a link
+    is never one."""
+    import stat
+
+    kind = out.kind(name)
+    if name not in _OWN_FILES or kind is None:
         return False
-    if path.name == "logs":
-        return path.is_dir() and all(
-            p.is_file() and p.suffix == ".log" and not p.is_symlink() for p in path.iterdir()
-        )
-    return path.is_file()
+    if name != "logs":
+        return kind == stat.S_IFREG
+    if kind != stat.S_IFDIR:
+        return False
+    with out.opened(name) as logs:
+        return all(n.endswith(".log") and logs.kind(n) == stat.S_IFREG for n in logs.names())
 
 
-def _prepare_out(out: Path, force: bool) -> str | None:
+def _prepare_out(out: Path, force: bool) -> OutDir | str:
     """Create ``out`` and check it can be written, before anything starts; eval's files of an
-    earlier run there are removed (never to be mistaken for this run's). None when usable,
-    else why not."""
-    import shutil
-    import tempfile
+    earlier run there are removed (never to be mistaken for this run's). The directory, held
+    open (every file is written in it, whatever its path leads to later), or why not."""
+    from runtime.eval.files import OutDir
 
     if out.is_symlink():  # its files are written in place, never through a link
         return f"--out {out}: is a symbolic link; name the directory it points to"
@@ -210,37 +219,39 @@ def _prepare_out(out: Path, force: bool) -> str | None:
         return f"--out {out}: exists and is not a directory"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        directory = OutDir.open(out)  # a link made there since: ELOOP
     except OSError as exc:
         return f"--out {out}: cannot write there: {exc.strerror or exc}"
-    others = sorted(p.name for p in out.iterdir() if not _own(p))
-    if others and not force:
-        shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
-        return (
-            f"--out {out}: holds files that are not eval's ({shown}); choose an empty or new "
-            "directory, or pass --force (eval's files are replaced, the others left alone)"
-        )
-    for name in _OWN_FILES:
-        path = out / name
+    problem = None
+    try:
+        directory.check_writable()
+        others = [name for name in directory.names() if not _own(directory, name)]
+        if others and not force:
+            shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+            problem = (
+                f"--out {out}: holds files that are not eval's ({shown}); choose an empty or "
+                "new directory, or pass --force (eval's files are replaced, the others left "
+                "alone)"
+            )
+    except OSError as exc:
+        problem = f"--out {out}: cannot write there: {exc.strerror or exc}"
+    for name in () if problem else _OWN_FILES:
         try:
-            if not _own(path):  # a user's (kept under --force), or not there
-                continue
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            if _own(directory, name):  # not a user's (kept under --force), and there
+                directory.remove(name)
         except OSError as exc:
-            return f"--out {out}: cannot replace {name}: {exc.strerror or exc}"
-    return None
+            problem = f"--out {out}: cannot replace {name}: {exc.strerror or exc}"
+            break
+    if problem:
+        directory.close()
+        return problem
+    return directory
 
 
 def _run(args: argparse.Namespace) -> int:
     global _scrub
     from runtime.eval import plan as plans
     from runtime.eval.serving import remove_stale
-    from runtime.platform.functions import ComponentError, check_imports
-    from runtime.platform.progress import Reporter
 
     remove_stale()  # what an eval killed with -9 left
     try:
@@ -265,8 +276,24 @@ def _run(args: argparse.Namespace) -> int:
         return _error(str(exc), 1)
     _scrub = plan.scrub.text
     out = Path(args.out) if args.out else None
-    if out is not None and (problem := _prepare_out(out, args.force)):
-        return _error(problem, 2)
+    with contextlib.ExitStack() as held:
+        directory = None
+        if out is not None:
+            prepared = _prepare_out(out, args.force)
+            if isinstance(prepared, str):
+                return _error(prepared, 2)
+            directory = held.enter_context(prepared)
+        return _evaluate(args, plan, out, directory)
+
+
+def _evaluate(
+    args: argparse.Namespace, plan: Any, out: Path | None, directory: OutDir | None
+) -> int:
+    """The run itself, once the plan is made and ``--out`` (``directory``) is open."""
+    from runtime.eval import plan as plans
+    from runtime.platform.functions import ComponentError, check_imports
+    from runtime.platform.progress import Reporter
+
     if plan.rollout is None:
         try:
             import openai  # noqa: F401
@@ -317,9 +344,7 @@ def _run(args: argparse.Namespace) -> int:
             starting = f"starting {len(plan.functions)} function(s) from their packages"
             with reporter.step(starting) if plan.functions else contextlib.nullcontext():
                 served = stack.enter_context(
-                    serving.serve_all(
-                        plan.functions, out / "logs" if out else None, plan.scrub.text
-                    )
+                    serving.serve_all(plan.functions, directory, plan.scrub.text)
                 )
             urls = {name: s.url for name, s in served.items()}
             results = runner.run(plan, urls, serving.exited(served))
@@ -328,10 +353,10 @@ def _run(args: argparse.Namespace) -> int:
 
     summary = stats.summarise(plan, results, weights)
     try:  # the files first: a table that fails to print must not lose them
-        if out is not None:
-            report.write_files(plan, results, summary, out)
+        if out is not None and directory is not None:
+            report.write_files(plan, results, summary, directory)
             try:
-                page = report.write_html(plan, results, summary, out)
+                page = report.write_html(plan, results, summary, directory)
                 written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}, {page}"
             except report.ReportUnavailable as exc:
                 written = f"{out / 'trajectories.jsonl'}, {out / 'summary.json'}"

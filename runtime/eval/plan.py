@@ -215,6 +215,24 @@ def _functions(job: JobFile) -> list[FunctionUnderTest]:
     return functions
 
 
+def _check_url(url: str) -> None:
+    """A PlanError unless ``url`` is an http(s) URL with a host (a line break pasted with
+    it, ``http://[::1/v1``: httpx refuses it with a traceback, only once eval runs)."""
+    import httpx
+
+    from runtime.eval.secrets import without_userinfo
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise PlanError(
+            f"--llm-base-url (or LLM_BASE_URL) {without_userinfo(url)!r} is not an http(s) URL "
+            "with a host (an OpenAI-compatible endpoint such as http://127.0.0.1:8001/v1)"
+        )
+
+
 def make(
     config: str,
     *,
@@ -256,6 +274,13 @@ def make(
                 if has_rollout
                 else "without a rollout, each trajectory is one chat completion from it"
             )
+        )
+    _check_url(llm_base_url)
+    if not all(33 <= ord(c) <= 126 for c in llm_api_key):  # never shown: it is the key
+        raise PlanError(
+            "the LLM key (--llm-api-key, LLM_API_KEY) has a character that cannot go in an "
+            "HTTP header (a space, a line break or a non-ASCII character): check how it was "
+            "copied"
         )
     model = llm_model or job.config.model.name
     if not model:

@@ -3,8 +3,11 @@ is named at once (by its URL, without userinfo), not after every rollout timed o
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import anyio
 import httpx
-import orjson
 
 from runtime.eval.plan import LLM
 from runtime.eval.secrets import Scrubber, without_userinfo
@@ -12,10 +15,28 @@ from runtime.eval.secrets import Scrubber, without_userinfo
 __all__ = ["ProbeError", "probe"]
 
 _PROMPT = "Reply with OK."
+_MAX_ANSWER = 1024 * 1024  # bytes of the test completion's answer read
 
 
 class ProbeError(Exception):
     """Exit 1: the LLM did not answer the test completion as an OpenAI endpoint does."""
+
+
+async def _ask(llm: LLM, url: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    """The status, content type and body (its first ``_MAX_ANSWER`` bytes) of the answer,
+    all of it within ``llm.timeout``: httpx's timeouts are per read, which an endpoint
+    sending a byte a second never trips."""
+    headers = {"authorization": f"Bearer {llm.api_key}"}
+    content = bytearray()
+    async with httpx.AsyncClient(timeout=llm.timeout) as client:
+        with anyio.fail_after(llm.timeout):
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                async for chunk in response.aiter_bytes():
+                    content += chunk
+                    if len(content) > _MAX_ANSWER:  # no test completion is that long
+                        break
+    kind = response.headers.get("content-type", "no content-type")
+    return response.status_code, kind, bytes(content)
 
 
 def probe(llm: LLM, scrub: Scrubber) -> str | None:
@@ -30,11 +51,8 @@ def probe(llm: LLM, scrub: Scrubber) -> str | None:
         "max_tokens": 1,
     }
     try:
-        with httpx.Client(timeout=llm.timeout) as client:
-            response = client.post(
-                url, json=body, headers={"authorization": f"Bearer {llm.api_key}"}
-            )
-    except httpx.TimeoutException:
+        status, kind, content = anyio.run(_ask, llm, url, body)
+    except (TimeoutError, httpx.TimeoutException):
         raise ProbeError(
             f"the LLM at {shown} did not answer a one-token test completion within "
             f"{llm.timeout:g} s (--llm-timeout): is it up, and is the URL right?"
@@ -43,21 +61,20 @@ def probe(llm: LLM, scrub: Scrubber) -> str | None:
         raise ProbeError(
             scrub.text(f"cannot reach the LLM at {shown}: {type(exc).__name__}: {exc}")
         ) from None
-    text = scrub.text(response.text[:300].strip())
-    if response.status_code in (400, 422):
+    text = scrub.text(content[:1200].decode("utf-8", "replace")[:300].strip())
+    if status in (400, 422):
         return (
             f"warning: the LLM at {shown} refused the one-token test completion with HTTP "
-            f"{response.status_code} ({text}); it is up, so the run goes on"
+            f"{status} ({text}); it is up, so the run goes on"
         )
-    if response.status_code != 200:
+    if status != 200:
         raise ProbeError(
             f"the LLM at {shown} answered a test completion (model {llm.model}) with HTTP "
-            f"{response.status_code}: {text}"
+            f"{status}: {text}"
         )
-    try:
-        answer = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        kind = response.headers.get("content-type", "no content-type")
+    try:  # json, not orjson: half an emoji (a lone surrogate) in one token is still JSON
+        answer = json.loads(content)
+    except (ValueError, RecursionError):
         raise ProbeError(
             f"the LLM at {shown} answered a test completion with {kind}, not JSON: is it an "
             f"OpenAI-compatible endpoint (its base URL usually ends in /v1)? It said: {text}"

@@ -11,12 +11,13 @@ import base64
 import io
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from runtime.eval.files import write_file
+from runtime.eval.files import OutDir, terminal
 from runtime.eval.plan import Plan
 from runtime.eval.runner import Results, Trajectory
 from runtime.eval.stats import total_of, unscored
@@ -71,11 +72,13 @@ def _print_whole(console: Any, table: Any) -> None:
 
 def print_table(summary: dict[str, Any], stream: Any = None) -> None:
     """The summary as tables on stdout (rich; 140 columns when not a terminal). Markup is
-    off: names and error messages are the user's text, ``[/INST]`` included."""
+    off: names and error messages are the user's text, ``[/INST]`` included; their control
+    characters are shown escaped."""
     from rich.console import Console
     from rich.table import Table
 
     stream = stream or sys.stdout
+    summary = terminal(summary)  # names and errors: no control sequence reaches the terminal
     console = Console(
         file=stream, width=None if stream.isatty() else 140, highlight=False, markup=False
     )
@@ -209,11 +212,10 @@ def _trajectory_line(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
     return plan.scrub.value(line)
 
 
-def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> None:
+def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: OutDir) -> None:
     """``trajectories.jsonl`` and ``summary.json``, of values already scrubbed."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_file(
-        out / "trajectories.jsonl",
+    out.write(
+        "trajectories.jsonl",
         (
             orjson.dumps(_trajectory_line(plan, trajectory)) + b"\n"
             for trajectory in results.trajectories
@@ -221,7 +223,7 @@ def write_files(plan: Plan, results: Results, summary: dict[str, Any], out: Path
         ),
     )
     options = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-    write_file(out / "summary.json", (orjson.dumps(summary, option=options) + b"\n",))
+    out.write("summary.json", (orjson.dumps(summary, option=options) + b"\n",))
 
 
 # ---- the page -----------------------------------------------------------------------
@@ -233,7 +235,20 @@ def _png(figure: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def _label(name: str) -> str:
+    """A name as a chart shows it: as written (``$`` would start matplotlib's math, and an
+    unknown symbol in it lose the page), control characters escaped."""
+    return terminal(name).replace("$", r"\$")
+
+
 def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, Any]:
+    # a glyph missing from the font (a CJK name) is a warning per glyph: not for the terminal
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _draw(summary, results, plan)
+
+
+def _draw(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,7 +276,7 @@ def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, 
         else:
             bins = min(20, max(5, int(math.sqrt(len(values))) * 2))
             axes.hist(values, bins=bins, color="#3b6ea8", edgecolor="white")
-        axes.set_title(name, fontsize=10)
+        axes.set_title(_label(name), fontsize=10)
         axes.set_xlabel("score", fontsize=9)
         axes.set_ylabel("trajectories", fontsize=9)
         axes.tick_params(labelsize=8)
@@ -273,7 +288,8 @@ def _charts(summary: dict[str, Any], results: Results, plan: Plan) -> dict[str, 
     if names:
         figure, axes = plt.subplots(figsize=(9.2, 0.55 * len(names) + 1.2))
         data = [[c.latency for c in results.calls if c.function == n] for n in names]
-        axes.boxplot(data, vert=False, tick_labels=names, showfliers=True)
+        labels = [_label(n) for n in names]
+        axes.boxplot(data, vert=False, tick_labels=labels, showfliers=True)
         marked = False
         for position, name in enumerate(names, 1):
             timeout = summary["functions"][name]["timeout_s"]
@@ -348,7 +364,7 @@ def _ranked(plan: Plan, results: Results) -> tuple[list[Trajectory], list[Trajec
     return lowest, highest
 
 
-def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path) -> Path:
+def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: OutDir) -> Path:
     """``report.html``, rendered (escaped) from values scrubbed before: the page itself is
     never scrubbed, so that no secret can delete its markup."""
     try:
@@ -375,6 +391,5 @@ def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: Path)
         highest=[_transcript(plan, t) for t in highest],
         job_name=plan.scrub.text(plan.job.config.name),
     )
-    path = out / "report.html"
-    write_file(path, (page.encode(),))
-    return path
+    out.write("report.html", (page.encode(),))
+    return out.path / "report.html"

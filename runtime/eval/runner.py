@@ -17,7 +17,7 @@ import anyio
 import httpx
 import orjson
 
-from runtime.eval.files import writable
+from runtime.eval.files import terminal, writable
 from runtime.eval.plan import FunctionUnderTest, Plan, Sample
 
 __all__ = ["LLM_NAME", "Call", "Results", "Trajectory", "run"]
@@ -121,7 +121,9 @@ class _Progress:
         stages += [(f"reward {f.name}", n * k) for f in plan.rewards]
         stages += [(f"group {f.name}", n) for f in plan.group_rewards]
         for stage, total in stages:
-            self._tasks[stage] = self._bar.add_task(stage, total=total, failed=0, skipped="")
+            self._tasks[stage] = self._bar.add_task(
+                terminal(stage), total=total, failed=0, skipped=""
+            )
 
     def __enter__(self) -> _Progress:
         self._bar.start()
@@ -323,14 +325,17 @@ class _Runner:
         async with self.limiter:
             started = time.perf_counter()
             try:
-                response = await self.llm.chat.completions.create(
-                    model=plan.llm.model,
-                    messages=record["messages"],
-                    extra_body=extra or None,
-                    timeout=plan.llm.timeout,
-                    **tools,
-                    **known,
-                )
+                # all of it within the timeout: openai's (httpx's) is per read, which an
+                # endpoint sending a byte a second never trips
+                with anyio.fail_after(plan.llm.timeout):
+                    response = await self.llm.chat.completions.create(
+                        model=plan.llm.model,
+                        messages=record["messages"],
+                        extra_body=extra or None,
+                        timeout=plan.llm.timeout,
+                        **tools,
+                        **known,
+                    )
                 if isinstance(response, str):  # a 200 that is not JSON: a web page, ...
                     raise _NotACompletion(f"not a chat completion: {response[:200]!r}")
                 answer = response.choices[0].message.model_dump(exclude_none=True)
@@ -343,6 +348,9 @@ class _Runner:
                 if isinstance(exc, _NotACompletion):
                     code = "INVALID_RESPONSE"
                 detail = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, TimeoutError):  # fail_after's
+                    code = "CLIENT_TIMEOUT"
+                    detail = f"no complete answer within {plan.llm.timeout:g} s (--llm-timeout)"
                 latency = time.perf_counter() - started
                 call = Call(LLM_NAME, False, latency, str(code or type(exc).__name__), detail)
         trajectory.latency[LLM_NAME] = call.latency

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.eval.files import make_dir, write_file
+from runtime.eval.files import OutDir
 from runtime.eval.plan import FunctionUnderTest, StartError
 from runtime.platform import packaging
 
@@ -41,6 +41,7 @@ __all__ = ["Served", "exited", "remove_stale", "serve_all"]
 _PREFIX = "runtime-eval-"
 _PR_SET_PDEATHSIG = 1
 
+_NAME_CHARS = 60  # of a function's name in its folder's and log's names (UTF-8: 4 bytes each)
 START_TIMEOUT = 120.0  # setup() may load a model or a tokenizer
 _STOP_GRACE = 10.0
 # Settings a user's shell may have that would override what start.sh and eval set.
@@ -175,7 +176,8 @@ def _file_names(functions: list[FunctionUnderTest]) -> list[str]:
     names, never paths (``../x`` or ``/x`` would lead out of the temporary directory)."""
     names: list[str] = []
     for function in functions:
-        base = re.sub(r"[^\w.-]", "_", function.name).lstrip(".") or "function"
+        # and short enough for one (255 bytes): a 300-character name is a valid name
+        base = re.sub(r"[^\w.-]", "_", function.name).lstrip(".")[:_NAME_CHARS] or "function"
         name, count = base, 1
         while name in names:
             count += 1
@@ -245,11 +247,11 @@ def _stop(started: list[Served]) -> None:
 @contextlib.contextmanager
 def serve_all(
     functions: list[FunctionUnderTest],
-    logs_to: Path | None = None,
+    out: OutDir | None = None,
     scrub: Callable[[str], str] = str,
 ) -> Iterator[dict[str, Served]]:
     """Every function served and ready; all stopped and the directory removed on exit. The
-    logs copied to ``logs_to`` pass through ``scrub``."""
+    logs copied to ``logs/`` in ``out`` pass through ``scrub``."""
     root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     started: list[Served] = []
     try:
@@ -261,10 +263,9 @@ def serve_all(
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)
-        if logs_to is not None and started:
-            with contextlib.suppress(OSError):
-                make_dir(logs_to)
+        if out is not None and started:
+            with contextlib.suppress(OSError), out.subdir("logs") as logs:
                 for served in started:
                     text = served.log.read_text(encoding="utf-8", errors="replace")
-                    write_file(logs_to / served.log.name, (scrub(text).encode(),))
+                    logs.write(served.log.name, (scrub(text).encode(),))
         shutil.rmtree(root, ignore_errors=True)

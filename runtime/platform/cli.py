@@ -40,6 +40,40 @@ def _lower(text: str) -> str:
     return text.strip().lower()
 
 
+_MAX_PAUSE = 86400.0  # seconds between two status queries: a day
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds above 0 (a time limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return value
+
+
+def _pause(text: str) -> float:
+    """Seconds between two queries: above 0 (0 would ask the platform in a loop) and at
+    most a day (time.sleep cannot wait 1e300 s)."""
+    value = _seconds(text)
+    if value > _MAX_PAUSE:
+        raise argparse.ArgumentTypeError(f"must be at most {_MAX_PAUSE:g} s, not {text!r}")
+    return value
+
+
+def _counting(text: str) -> int:
+    """A whole number from 1 (a page, a size, a line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text!r}")
+    return value
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("platform")
@@ -60,7 +94,7 @@ def _common() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--request-timeout",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="seconds to wait for the answer to one request [env HTTP_REQUEST_TIMEOUT; "
         "default 600]",
@@ -79,14 +113,14 @@ def _common() -> argparse.ArgumentParser:
 def _waiting(parser: argparse.ArgumentParser, timeout: float | None) -> None:
     parser.add_argument(
         "--poll-interval",
-        type=float,
+        type=_pause,
         default=10.0,
         metavar="S",
         help="seconds between status queries (default 10)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=timeout,
         metavar="S",
         help="give up waiting after S seconds"
@@ -209,16 +243,16 @@ def add_commands(commands: Any) -> None:
         sub = jobs.add_parser(action, parents=[common], help=text)
         sub.add_argument("job_id", metavar="JOB_ID")
     job_list = jobs.add_parser("list", parents=[common], help="list jobs, a page at a time")
-    job_list.add_argument("-p", "--page", type=int, default=1)
-    job_list.add_argument("-s", "--size", type=int, default=10)
+    job_list.add_argument("-p", "--page", type=_counting, default=1)
+    job_list.add_argument("-s", "--size", type=_counting, default=10)
     job_logs = jobs.add_parser("logs", parents=[common], help="print a job's log lines")
     job_logs.add_argument("job_id", metavar="JOB_ID")
-    job_logs.add_argument("--offset", type=int, default=1, help="first line, from 1")
-    job_logs.add_argument("--lines", type=int, default=1000, help="how many (default 1000)")
+    job_logs.add_argument("--offset", type=_counting, default=1, help="first line, from 1")
+    job_logs.add_argument("--lines", type=_counting, default=1000, help="how many (default 1000)")
     job_logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
     )
-    job_logs.add_argument("--poll-interval", type=float, default=10.0, metavar="S")
+    job_logs.add_argument("--poll-interval", type=_pause, default=10.0, metavar="S")
     job_wait = jobs.add_parser(
         "wait",
         parents=[common],
@@ -318,7 +352,10 @@ def _check_url(url: str, what: str) -> None:
 
 
 def _request_timeout(args: argparse.Namespace) -> float:
-    text = getattr(args, "request_timeout", None) or os.environ.get("HTTP_REQUEST_TIMEOUT")
+    given = getattr(args, "request_timeout", None)  # checked by argparse
+    if given is not None:
+        return float(given)
+    text = os.environ.get("HTTP_REQUEST_TIMEOUT")
     if text is None:
         return 600.0
     try:

@@ -19,9 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    NonNegativeInt,
     PositiveFloat,
-    PositiveInt,
     ValidationError,
     model_validator,
 )
@@ -70,6 +68,11 @@ class FcModel(_Closed):
 
 # a scaling threshold: the share of an instance's memory or concurrency in use
 _Share = Annotated[float, Field(gt=0, le=1)]
+# a count, a size or seconds: above 0 and within the 32-bit integer the platform's field is
+# (a timeout of 401 digits crashed eval, and job run sent it as it was)
+_MAX_INT = 2**31 - 1
+PositiveInt = Annotated[int, Field(gt=0, le=_MAX_INT)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=_MAX_INT)]
 
 
 class Runtime(_Closed):

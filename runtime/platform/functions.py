@@ -29,7 +29,7 @@ from typing import Any
 
 from runtime.platform import answers, packaging
 from runtime.platform.config import FunctionSpec
-from runtime.platform.http import Platform, PlatformError
+from runtime.platform.http import Platform, PlatformError, decode
 from runtime.platform.progress import Reporter
 
 __all__ = [
@@ -184,8 +184,9 @@ def _import_in(root: Path, group: list[Component], where: str) -> None:
         component.weights = result.get("weights")
 
 
-def _poll(interval: float, timeout: float, what: str, probe: Any) -> Any:
-    deadline = time.monotonic() + timeout
+def _poll(interval: float, deadline: float, timeout: float, what: str, probe: Any) -> Any:
+    """``probe()`` every ``interval`` until it is not None, up to ``deadline`` (monotonic;
+    ``timeout``: the seconds it stands for, in the error)."""
     while True:
         value = probe()
         if value is not None:
@@ -266,26 +267,31 @@ def register(
         reporter.note(f"registered {c.label}: {c.entity_id}")
     if lazy:
         return
-    _wait_layers(platform, components, reporter, poll_interval, wait_timeout)
-    for c in components:
-        c.instance_id = platform.call(
-            f"starting an instance of {c.label}",
-            "POST",
-            platform.url("load", f"jobId-{uuid.uuid4()}", str(c.entity_id)),
-            answer=answers.InstanceStarted,
-            json=c.runtime_body(),
-            creates=f"for an instance of entity {c.entity_id}",
-        ).instance_id
-    with reporter.step(f"waiting for {len(components)} instance(s) to be active"):
+    # --timeout is one deadline for all of the waiting (layers, then instances), and every
+    # request made while waiting ends with it, however slowly the platform answers
+    deadline = time.monotonic() + wait_timeout
+    with platform.time_limit(wait_timeout):
+        _wait_layers(platform, components, reporter, poll_interval, deadline, wait_timeout)
         for c in components:
-            _poll(
-                poll_interval,
-                wait_timeout,
-                f"waiting for instance {c.instance_id} to be active (its logs: "
-                f"python -m runtime instance logs {c.instance_id})",
-                lambda c=c: _active(platform, c, reporter),
-            )
-            reporter.update(f"instance {c.instance_id} of {c.label} is active")
+            c.instance_id = platform.call(
+                f"starting an instance of {c.label}",
+                "POST",
+                platform.url("load", f"jobId-{uuid.uuid4()}", str(c.entity_id)),
+                answer=answers.InstanceStarted,
+                json=c.runtime_body(),
+                creates=f"for an instance of entity {c.entity_id}",
+            ).instance_id
+        with reporter.step(f"waiting for {len(components)} instance(s) to be active"):
+            for c in components:
+                _poll(
+                    poll_interval,
+                    deadline,
+                    wait_timeout,
+                    f"waiting for instance {c.instance_id} to be active (its logs: "
+                    f"python -m runtime instance logs {c.instance_id})",
+                    lambda c=c: _active(platform, c, reporter),
+                )
+                reporter.update(f"instance {c.instance_id} of {c.label} is active")
 
 
 _FAILED = -1  # the platform's instance status for an instance that did not start
@@ -349,6 +355,7 @@ def _wait_layers(
     components: list[Component],
     reporter: Reporter,
     interval: float,
+    deadline: float,
     timeout: float,
 ) -> None:
     codes = sorted({c.layer_code for c in components if c.layer_code})
@@ -374,7 +381,7 @@ def _wait_layers(
                     )
                 return None
 
-            _poll(interval, timeout, f"waiting for layer {code}", probe)
+            _poll(interval, deadline, timeout, f"waiting for layer {code}", probe)
 
 
 def _instance(platform: Platform, instance_id: str) -> answers.InstanceInfo:
@@ -405,14 +412,15 @@ def invoke(platform: Platform, instance_id: str, payload: dict[str, Any]) -> tup
         json=payload,
         headers={"Authorization": f"Bearer {token}"},
     )
-    try:
-        return response.status_code, response.json()
-    except ValueError:
+    output, problem = decode(response.content)
+    if output is None:
+        text = " ".join(response.text[:2000].split())[:300] or response.reason_phrase
         raise PlatformError(
             f"calling instance {instance_id}",
-            " ".join(response.text.split())[:300] or response.reason_phrase,
+            f"{problem}: {text}" if problem else text,
             status=response.status_code,
-        ) from None
+        )
+    return response.status_code, output
 
 
 def instance_logs(

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import anyio
 import httpx
+import orjson
 from pydantic import ValidationError
 from tenacity import (
     RetryCallState,
@@ -53,6 +56,7 @@ __all__ = [
     "PlatformError",
     "RequestNotSent",
     "UnclearOutcome",
+    "decode",
 ]
 
 DEFAULT_BASE_URL = "https://dashscope.aliyuncs.com/api/v1"
@@ -208,9 +212,18 @@ class Platform:
             raise
 
     def url(self, endpoint: str, *segments: str) -> str:
+        """The URL of ``endpoint``, with ``segments`` (ids) each one segment of its path,
+        encoded: an id is never a path (``../files/file-1`` would name another resource,
+        ``ft-1?x=1`` add a query); ``.``, ``..`` and an empty id are refused."""
         path, env = _ENDPOINTS[endpoint]
         base = (os.environ.get(env) if env else None) or self.base_url + path
-        url = "/".join([base.rstrip("/"), *segments]) if segments else base
+        for segment in segments:
+            if segment in ("", ".", ".."):
+                raise RequestNotSent(
+                    "naming what to ask for", f"{segment!r} is not an id (nothing was sent)"
+                )
+        encoded = [quote(segment, safe="") for segment in segments]
+        url = "/".join([base.rstrip("/"), *encoded]) if segments else base
         if endpoint == "jobs":
             self._job_urls.add(url)
         return url
@@ -405,11 +418,54 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
-def _json(response: httpx.Response) -> Any:
+_MAX_NESTING = 64  # levels of an answer (the contract's are a few); printing one recurses
+
+
+def decode(content: bytes) -> tuple[Any, str | None]:
+    """The JSON value of an answer, or None and, when it is JSON, why it is refused: nested
+    more than ``_MAX_NESTING`` levels (parsing, checking and printing recurse). Half an
+    emoji (a lone surrogate, as a log line cut short carries) becomes U+FFFD, which can be
+    printed; an integer past 64 bits is read as a float, as most JSON readers do."""
     try:
-        return response.json()
-    except ValueError:
-        return None
+        value = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            return None, f"nested more than {_MAX_NESTING} levels deep"
+        if "surrogate" not in str(exc):
+            return None, None
+        try:  # json keeps a lone surrogate, which orjson refuses
+            value = json.loads(content)
+        except (ValueError, RecursionError):
+            return None, None
+        if _deeper(value, _MAX_NESTING):
+            return None, f"nested more than {_MAX_NESTING} levels deep"
+        text = json.dumps(value, ensure_ascii=False)
+        try:
+            value = orjson.loads(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+        except orjson.JSONDecodeError:  # NaN: JSON has no such number
+            return None, None
+    if _deeper(value, _MAX_NESTING):
+        return None, f"nested more than {_MAX_NESTING} levels deep"
+    return value, None
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` levels (a loop, not a
+    recursion: that is what it guards)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > limit:
+                return True
+            stack += [(child, depth + 1) for child in item]
+    return False
+
+
+def _json(response: httpx.Response) -> Any:
+    return decode(response.content)[0]
 
 
 def _body_code(response: httpx.Response) -> Any:
@@ -452,12 +508,13 @@ def _request_id(body: dict[str, Any]) -> str | None:
 
 
 def _checked(what: str, call: str, response: httpx.Response) -> dict[str, Any]:
-    body = _json(response)
+    body, problem = decode(response.content)
     if not isinstance(body, dict):
         body_text = _text_of(response)
         if response.is_success:
+            why = problem or "not a JSON object"
             raise PlatformError(
-                what, f"the answer to {call} is malformed: not a JSON object: {body_text[:120]!r}"
+                what, f"the answer to {call} is malformed: {why}: {body_text[:120]!r}"
             )
         raise PlatformError(what, body_text or response.reason_phrase, status=response.status_code)
     request_id = _request_id(body)

@@ -99,19 +99,47 @@ SECRET_PATTERNS = [
     "id_ecdsa*",
     "id_ed25519*",
     "credentials.json",
+    "application_default_credentials.json",  # gcloud's
+    ".vault-token",
+    ".s3cfg",
+    ".boto",
+    ".dockercfg",
+    ".htpasswd",
     "*.pem",
     "*.p12",
     "*.pfx",
     "*.ppk",
     "*.key",
 ]
-SECRET_PATHS = [".aws/credentials", ".aws/config", ".docker/config.json", ".kube/config"]
+SECRET_PATHS = [
+    ".aws/credentials",
+    ".aws/config",
+    ".docker/config.json",
+    ".kube/config",
+    ".config/gh/hosts.yml",  # the GitHub CLI's token
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".azure/accessTokens.json",
+    ".azure/msal_token_cache.json",
+    ".config/gcloud/credentials.db",
+    ".config/gcloud/access_tokens.db",
+]
 _SNIFFED_SIZE = 1024 * 1024  # larger files are not looked into
 _SNIFFED_PREFIX = 64 * 1024
 _PRIVATE_KEY = re.compile(rb"^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----\r?$", re.M)
-_SERVICE_ACCOUNT = (
-    re.compile(rb'"type"\s*:\s*"service_account"'),
-    re.compile(rb'"private_key"\s*:'),
+# a cloud key file: every pattern of one of these found in its first bytes
+_KEY_FILES = (
+    (  # a Google service-account key
+        re.compile(rb'"type"\s*:\s*"service_account"'),
+        re.compile(rb'"private_key"\s*:'),
+    ),
+    (  # Google user credentials (gcloud auth application-default login)
+        re.compile(rb'"type"\s*:\s*"authorized_user"'),
+        re.compile(rb'"refresh_token"\s*:'),
+    ),
+    # AWS keys, in a file of any name (an .ini, a .cfg)
+    (re.compile(rb"^[ \t]*aws_secret_access_key[ \t]*[=:]", re.M | re.I),),
 )
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _SIZE_LIMIT = 200 * 1024 * 1024
@@ -161,9 +189,9 @@ def _shown(name: str) -> str:
 
 
 def _credentials(name: str, arcname: str, path: Path) -> bool:
-    """A credentials file: by its name, its path, or (a small file) a private key block or
-    a service-account key in its first bytes."""
-    if _matches(name, SECRET_PATTERNS) or any(
+    """A credentials file: by its name (in any case), its path, or (a small file) a private
+    key block, a Google service-account or user key, or AWS keys in its first bytes."""
+    if _matches(name.lower(), SECRET_PATTERNS) or any(  # ID_RSA, .ENV: any case
         f"/{arcname}".endswith(f"/{p}") for p in SECRET_PATHS
     ):
         return True
@@ -174,7 +202,9 @@ def _credentials(name: str, arcname: str, path: Path) -> bool:
             head = file.read(_SNIFFED_PREFIX)
     except OSError as exc:
         raise WorkspaceFileError(f"{_shown(arcname)}: cannot read it: {exc.strerror}") from None
-    return bool(_PRIVATE_KEY.search(head)) or all(p.search(head) for p in _SERVICE_ACCOUNT)
+    return bool(_PRIVATE_KEY.search(head)) or any(
+        all(p.search(head) for p in patterns) for patterns in _KEY_FILES
+    )
 
 
 @dataclass
@@ -386,8 +416,12 @@ def build_package(
     found, secrets = scan_workspace(zipdir)
     entries: dict[str, bytes | Path] = dict(found)
     for extra in extra_files:  # named explicitly: shipped even when it looks like a secret
-        if extra.is_file():
-            entries[extra.name] = extra
+        if not extra.is_file():  # a typo must not ship a function without it, silently
+            raise WorkspaceFileError(
+                f"fcmodel.extra_files names {extra}, which is not a file: fix the path, or "
+                "remove it from extra_files"
+            )
+        entries[extra.name] = extra
     if server != "sdk":
         clash = sorted(n for n in entries if n.split("/")[0] in ("runtime", "processors_base"))
         if clash:
