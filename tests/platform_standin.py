@@ -1,5 +1,5 @@
 """A stand-in for the training platform, implementing the client-side contract of
-``../shared/specs/platform-api.md`` with its response quirks (envelopes in ``output`` or
+``docs/platform-api.md`` with its response quirks (envelopes in ``output`` or
 ``data``, camelCase ``instanceId`` and log pages, numeric instance ``status``, ``status``
 objects, ``code: 0`` on deletion), recording every request.
 

@@ -16,6 +16,7 @@ import orjson
 from runtime.eval.secrets import Scrubber
 from runtime.platform.config import JobFile, load_job_file
 from runtime.platform.functions import Component, resolve
+from runtime.platform.http import nested_deeper
 
 __all__ = ["DEFAULT_SAMPLING", "LLM", "FunctionUnderTest", "Plan", "PlanError", "Sample", "make"]
 
@@ -127,27 +128,12 @@ def read_samples(paths: list[Path], count: int, key: str | None) -> list[Sample]
                     raise PlanError(f"{path}:{number}: not JSON ({exc})") from None
                 if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
                     raise PlanError(f"{path}:{number}: not a JSON object with a 'messages' list")
-                if _deeper(record, MAX_DEPTH):
+                if nested_deeper(record, MAX_DEPTH):
                     raise PlanError(f"{path}:{number}: nested more than {MAX_DEPTH} levels deep")
                 samples.append(Sample(str(path), number, record, _ground_truth(record, key)))
     if not samples:
         raise PlanError(f"no data lines in {', '.join(str(p) for p in paths)}")
     return samples
-
-
-def _deeper(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists and objects more than ``limit`` levels (a loop, not a
-    recursion: that is what it guards)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            if depth > limit:
-                return True
-            stack += [(child, depth + 1) for child in item]
-    return False
 
 
 def _data_paths(job: JobFile, split: str, data: str | None) -> list[Path]:

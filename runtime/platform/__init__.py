@@ -1,5 +1,5 @@
 """The client of the training platform: register functions, test them, upload datasets,
-submit and manage training jobs (the contract is ../shared/specs/platform-api.md).
+submit and manage training jobs (the contract is docs/platform-api.md).
 
 Separate from the serving modules: nothing here is imported by ``serve`` or ``invoke``.
 Modules: ``config`` (the job YAML), ``http`` (transport, errors, retries), ``packaging``

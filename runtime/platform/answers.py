@@ -1,4 +1,4 @@
-"""The platform's answers, as the contract describes them (shared/specs/platform-api.md).
+"""The platform's answers, as the contract describes them (docs/platform-api.md).
 
 ``Platform.call`` validates every answer against one of these models, so a malformed
 answer (``{"output": "not-an-object"}``, ``{"output": {"url": 12345}}``) is one error

@@ -437,19 +437,19 @@ def decode(content: bytes) -> tuple[Any, str | None]:
             value = json.loads(content)
         except (ValueError, RecursionError):
             return None, None
-        if _deeper(value, _MAX_NESTING):
+        if nested_deeper(value, _MAX_NESTING):
             return None, f"nested more than {_MAX_NESTING} levels deep"
         text = json.dumps(value, ensure_ascii=False)
         try:
             value = orjson.loads(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
         except orjson.JSONDecodeError:  # NaN: JSON has no such number
             return None, None
-    if _deeper(value, _MAX_NESTING):
+    if nested_deeper(value, _MAX_NESTING):
         return None, f"nested more than {_MAX_NESTING} levels deep"
     return value, None
 
 
-def _deeper(value: Any, limit: int) -> bool:
+def nested_deeper(value: Any, limit: int) -> bool:
     """Whether ``value`` nests lists and objects more than ``limit`` levels (a loop, not a
     recursion: that is what it guards)."""
     stack = [(value, 1)]
