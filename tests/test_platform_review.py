@@ -188,6 +188,12 @@ def test_waiting_rides_out_transient_errors_and_exit_codes_tell_the_outcomes_apa
     assert late.returncode == 124
     assert one_error_line(late) == f"error: job {job_id} is still RUNNING after 0.5 s"
 
+    platform.slow[f"{FT}/{job_id}/logs"] = 30.0  # the deadline cuts a poll short
+    cut = cli(platform, "job", "wait", job_id, "--timeout", "0.5", "--poll-interval", "0.05")
+    assert cut.returncode == 124, cut.stderr
+    assert one_error_line(cut) == f"error: job {job_id} is still RUNNING after 0.5 s"
+    del platform.slow[f"{FT}/{job_id}/logs"]
+
     platform.flaky[f"GET {FT}/{job_id}"] = 1000  # the platform keeps failing
     lost = cli(platform, "job", "wait", job_id, "--timeout", "0.5", "--poll-interval", "0.05")
     assert lost.returncode == 3

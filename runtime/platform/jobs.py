@@ -241,9 +241,21 @@ def follow(
         while True:
             try:
                 job = get(platform, job_id)
+                status = str(job["status"])
+                if status != last:
+                    on_status(status)
+                    last = status
                 lines = job_logs(platform, job_id, offset, page)
             except PlatformError as exc:
                 now = time.monotonic()
+                if (
+                    last is not None
+                    and failing_since is None
+                    and _transient(exc)
+                    and _out_of_time(now, deadline)
+                ):
+                    # the deadline cut a poll short: the job was last seen running, not lost
+                    raise WaitTimeout(f"job {job_id} is still {last} after {timeout:g} s") from None
                 failing_since = failing_since or now
                 limit = deadline if deadline is not None else failing_since + _GIVE_UP
                 if _transient(exc) and now + interval <= limit:
@@ -259,10 +271,6 @@ def follow(
                     request_id=exc.request_id,
                 ) from None
             failing_since = None
-            status = str(job["status"])
-            if status != last:
-                on_status(status)
-                last = status
             while True:  # every new log line, page after page
                 for line in lines:
                     on_line(line)
@@ -274,6 +282,10 @@ def follow(
                 return job
             if not _pause(interval, deadline):
                 raise WaitTimeout(f"job {job_id} is still {status} after {timeout:g} s")
+
+
+def _out_of_time(now: float, deadline: float | None) -> bool:
+    return deadline is not None and now >= deadline - 0.001
 
 
 def _pause(interval: float, limit: float | None) -> bool:
