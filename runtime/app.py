@@ -32,7 +32,7 @@ from runtime import errors
 from runtime.admission import PARSE_COSTS, PARSED_FLOOR, Admission, parsed_extra, scan_above
 from runtime.config import Settings
 from runtime.function import Function, ProcessorFailure, RequestError
-from runtime.logs import RequestLog, bind_request, bind_secrets
+from runtime.logs import RequestLog, bind_request, bind_secrets, unbind_request
 from runtime.metrics import CONTENT_TYPE_LATEST, OTHER, UNKNOWN_PATH, Metrics
 from runtime.protocol import REJECTED
 from runtime.sdk_alias.parsers import parser_for
@@ -295,7 +295,7 @@ class FunctionApp:
         function = self.function
         input_data = None
         interrupt = _Interrupt(self, send, scope, started)
-        bind_request(interrupt)  # its scope and input_data: the ids of this request's lines
+        bound = bind_request(interrupt)  # its scope and input_data: the ids of its lines
         # Error answers go through interrupt.send, which drops them once _overdue has sent the
         # 504; a 200 never can come after it (its deadline was cancelled first), so it
         # keeps the direct path.
@@ -384,6 +384,7 @@ class FunctionApp:
                     status, code, message = interrupt.late
                     ended = interrupt.answered_at
                 self._finish(scope, started, status, code, message, input_data, error, ended)
+            unbind_request(bound)
         if self.tracing is not None and self.tracing.flush_each_request:
             # after the response: a short-lived instance loses no span, the client waits for none
             await anyio.to_thread.run_sync(self.tracing.flush)
@@ -392,13 +393,15 @@ class FunctionApp:
         """A request was cancelled (deadline, stop or disconnect): answer it now, whatever
         its task does, and count a task that still runs after STUCK_AFTER as stuck (its
         request ends here: the slot and the queue place are given back)."""
-        try:
+        bound = bind_request(interrupt)  # this task's context came from whichever request
+        try:  # set the timer
             await self._answer_overdue(interrupt)
         except Exception:
             log.exception("internal error while ending a cancelled request")
+        finally:
+            unbind_request(bound)
 
     async def _answer_overdue(self, interrupt: _Interrupt) -> None:
-        bind_request(interrupt)  # this task's context came from whichever request set the timer
         task = interrupt.task
         assert task is not None
         reason = interrupt.reason

@@ -33,7 +33,7 @@ import secrets
 import sys
 import threading
 import traceback
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -56,6 +56,7 @@ __all__ = [
     "logging_settings",
     "quiet_libraries",
     "setup_logging",
+    "unbind_request",
     "user_traceback",
 ]
 
@@ -83,11 +84,17 @@ def bind_secrets(input_data: Any) -> Secrets:
     return secrets
 
 
-def bind_request(request: Any) -> None:
+def bind_request(request: Any) -> Token[Any]:
     """Put the ids of ``request`` (its ``scope``'s headers, its ``input_data``'s
     request_metadata, read when a line is written) on every line logged from now on in
-    this context: the request's task, and the tasks and user-code threads it starts."""
-    _request.set(request)
+    this context: the request's task, and the tasks and user-code threads it starts.
+    Give the token to :func:`unbind_request` when the request ends: the request may hold
+    its task, whose context would hold the request (a cycle only the GC frees)."""
+    return _request.set(request)
+
+
+def unbind_request(token: Token[Any]) -> None:
+    _request.reset(token)
 
 
 def bind_input(input_data: Any) -> None:

@@ -53,7 +53,7 @@ from runtime import errors
 from runtime.admission import PARSE_COSTS
 from runtime.app import _ClientGone, _Interrupt
 from runtime.function import ProcessorFailure, RequestError, invalid_input
-from runtime.logs import bind_request
+from runtime.logs import bind_request, unbind_request
 from runtime.metrics import code_label
 from runtime.sending import WHOLE_RESPONSE
 
@@ -302,7 +302,7 @@ class TrainerRoutes:
         status, held = 200, 0
         code = message = ""  # of an error answer
         app = self.app
-        bind_request(request)  # every line about it carries its ids
+        bound = bind_request(request)  # every line about it carries its ids
         try:
             if score and not self._is_reward:
                 raise _Reject(
@@ -356,6 +356,7 @@ class TrainerRoutes:
                 message = f"{len(failed)} of {len(scored)} samples failed"
             elapsed = perf_counter() - started
             app.request_log.answered(request.scope, status, elapsed, code, message)
+            unbind_request(bound)
 
     async def _build(self, request: Request, build: Callable[[], _T], samples: int = 1) -> _T:
         """``build()``: the inputs of a request's samples (mapped and validated, custom
