@@ -98,7 +98,7 @@ class _Lifespan:
 
 def _app_rounds(app: Any) -> Any:
     """Requests as the ASGI calls our protocol makes (WHOLE_RESPONSE advertised)."""
-    from runtime.sending import WHOLE_RESPONSE
+    from runtime.serving.sending import WHOLE_RESPONSE
 
     scope = {
         "type": "http",
@@ -134,7 +134,7 @@ def _http_rounds(app: Any, bare: bool) -> Any:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     from uvicorn.server import ServerState
 
-    from runtime.protocol import protocol_class
+    from runtime.serving.protocol import protocol_class
 
     config = Config(app, http="httptools", ws="none", lifespan="off", access_log=False)
     config.load()
@@ -165,7 +165,7 @@ async def _measure(args: argparse.Namespace) -> None:
         await _rounds(args, _http_rounds(app, bare=True))
         return
     from runtime.config import Settings
-    from runtime.server import build_app
+    from runtime.serving.server import build_app
 
     settings = Settings(target="functions.ours:EchoReward", workspace=str(HERE))
     app = build_app(dataclasses.replace(settings, tracing=args.tracing))

@@ -688,7 +688,7 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, seconds, profiled, before=Non
         "scenario 4 it queues every request instead of answering 503. Scenario 5 runs tracing off,",
         "then on, back to back (the ratio's two sides under the same conditions); the OTLP sink",
         "(benchmarks/otlp_sink.py) accepts and discards every export; the spans are encoded (straight",
-        "to OTLP protobuf, runtime/otlp_encoding.py) and sent by the runtime's exporter process, which",
+        "to OTLP protobuf, runtime/tracing/otlp.py) and sent by the runtime's exporter process, which",
         "shares the machine's 2 cores with the worker and wrk. In scenario 6 the",
         "share is the time one request spends in JSON parsing, model validation and serialisation",
         "(measured in-process, on each side's own models) times the served rate. Scenario 7 is an",

@@ -15,14 +15,14 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from runtime import sdk_compat
-from runtime.config import SettingsError, add_options, resolve
+from runtime.compat import sdk as sdk_compat
+from runtime.config import Settings, SettingsError, add_options, resolve
+from runtime.deploy.manifests import add_manifests_command, run_manifests
 from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
 from runtime.eval import cli as eval_cli
-from runtime.function import Function, ProcessorFailure, RequestError, redact
-from runtime.loading import Target, TargetError, load_target
+from runtime.execution.function import Function, ProcessorFailure, RequestError, redact
+from runtime.execution.loading import Target, TargetError, load_target
 from runtime.logs import bind_secrets, setup_logging, user_traceback
-from runtime.manifests import add_manifests_command, run_manifests
 from runtime.platform import cli as platform_cli
 
 __all__ = ["main"]
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     script = Path(sys.argv[0]).name == "agentic-rl-runtime"
     args = _parser("agentic-rl-runtime" if script else "python -m runtime").parse_args(argv)
     if args.command == "build":
-        from runtime.images import run_build
+        from runtime.deploy.images import run_build
 
         sys.exit(run_build(args.workspace, args.image, args.target, args.push))
     if args.command in platform_cli.COMMANDS:
@@ -133,14 +133,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(2, sdk_compat.SDK_REWARD_PROCESSING)
 
     if args.command == "serve":
-        from runtime.server import serve  # uvicorn is only needed to serve
-
         startup = logging.getLogger("runtime.startup")
         startup.setLevel(logging.INFO)  # the effective configuration shows at any log level
         startup.info(
             "serving %s (%s): %s", target.spec, target.func_type.value, settings.describe()
         )
-        serve(settings)
+        _serve(settings)
         return
 
     try:
@@ -184,3 +182,22 @@ def _print_user_traceback(failure: ProcessorFailure, input_data: object) -> None
     """The traceback of the user code that raised (the runtime's frames left out), scrubbed."""
     if failure.__cause__ is not None and failure.code in (PROCESSOR_ERROR, SETUP_FAILED):
         sys.stderr.write(redact(user_traceback(failure.__cause__), input_data))
+
+
+def _serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT in the mode asked: on Ray Serve, one worker in this
+    process, or --workers under a supervisor; exits non-zero if setup() fails."""
+    if settings.ray:
+        from runtime.deploy.ray_serve import serve_on_ray  # Ray is an optional extra
+
+        sys.exit(serve_on_ray(settings))
+    from runtime.serving import server  # uvicorn is only needed to serve
+
+    if settings.workers == 1:
+        server.run_worker(settings)
+        return
+    from runtime.serving.supervisor import supervise
+
+    code = supervise(settings, server.bind(settings))
+    if code:
+        sys.exit(code)

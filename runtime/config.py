@@ -48,7 +48,7 @@ class Settings:
     isolation: str = "thread"
     processes: int = 0  # 0: the CPUs this process may use (affinity, cgroup quota)
     sub_reward_errors: str = "zero"
-    # the trainer protocols (runtime.trainers)
+    # the trainer protocols (runtime.serving.trainers)
     trainer_errors: str = "reward"
     trainer_timeout: float = 100.0
     trainer_prefix: str = ""
@@ -57,7 +57,7 @@ class Settings:
     trainer_end_tokens: str = "<|im_end|>,<|endoftext|>,</s>,<|eot_id|>,<|end_of_text|>,<|end|>"
     # OpenRLHF: samples in one request; a batch at the limit costs about one --max-body body
     trainer_max_samples: int = 8192
-    # replicas: --ray (runtime.ray_serve), and the autoscaler of `manifests`
+    # replicas: --ray (runtime.deploy.ray_serve), and the autoscaler of `manifests`
     ray: bool = False
     replicas: str = "1"
     min_replicas: int = 1

@@ -17,7 +17,9 @@ import orjson
 # 400
 INVALID_JSON = "INVALID_JSON"
 NOT_AN_OBJECT = "NOT_AN_OBJECT"
-BAD_REQUEST = "BAD_REQUEST"  # not valid HTTP/1.1 (answered by the protocol, runtime.protocol)
+BAD_REQUEST = (
+    "BAD_REQUEST"  # not valid HTTP/1.1 (answered by the protocol, runtime.serving.protocol)
+)
 # 404 / 405
 NOT_FOUND = "NOT_FOUND"
 METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"

@@ -13,7 +13,7 @@ from typing import Any
 
 if importlib.util.find_spec("dashscope") is None:  # no SDK here: this runtime's alias
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from runtime.sdk_compat import install
+    from runtime.compat.sdk import install
 
     install()
 

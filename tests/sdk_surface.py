@@ -2,7 +2,7 @@
 
     # with the SDK installed: record its public modules and names (tests/sdk_surface.json)
     $DASHSCOPE_PYTHON tests/sdk_surface.py --snapshot
-    # without it: resolve every recorded name under runtime.sdk_compat's alias, per module
+    # without it: resolve every recorded name under runtime.compat.sdk's alias, per module
     python tests/sdk_surface.py
 
 A module's public names are its ``__all__``; where it has none, the names it defines
@@ -69,7 +69,7 @@ def sdk_surface() -> dict[str, list[str]]:
 
 def coverage(surface: dict[str, list[str]]) -> dict[str, tuple[int, int, list[str]]]:
     """Per module: (names resolvable here, names exported by the SDK, missing names)."""
-    from runtime import sdk_compat
+    from runtime.compat import sdk as sdk_compat
 
     sdk_compat.install()
     table = {}

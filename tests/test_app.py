@@ -7,10 +7,10 @@ import httpx
 import pytest
 from conftest import TESTS, reward_body
 
-from runtime.app import FunctionApp
 from runtime.config import Settings
-from runtime.function import Function
-from runtime.loading import load_target
+from runtime.execution.function import Function
+from runtime.execution.loading import load_target
+from runtime.serving.app import FunctionApp
 
 
 @pytest.fixture

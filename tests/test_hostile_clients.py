@@ -17,7 +17,7 @@ import orjson
 import pytest
 from conftest import ROOT, TESTS, Server, free_port, reward_body
 
-from runtime.protocol import KEEP_ALIVE_SECONDS
+from runtime.serving.protocol import KEEP_ALIVE_SECONDS
 
 ERROR_FIELDS = {"status", "error", "error_code", "detail", "message"}
 
@@ -170,7 +170,7 @@ def test_a_pipelined_request_is_timed_out_only_after_the_one_before_it(start_ser
 
 
 def test_answers_are_framed_for_keep_alive_pipelining_http10_and_100_continue(start_server):
-    """/api/v1 answers leave as one write each (runtime.protocol's whole-response
+    """/api/v1 answers leave as one write each (runtime.serving.protocol's whole-response
     extension): whatever the client's framing, each is a complete HTTP/1.1 answer."""
     server = start_server("workspace.fns:EchoReward")
     body = orjson.dumps(reward_body())
@@ -521,7 +521,7 @@ def test_processes_default_to_the_cpus_this_process_may_use():
     # Pinned to one CPU on a machine with more: one isolation process, not os.cpu_count().
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-        "from runtime.config import Settings; from runtime.function import usable_cpus;"
+        "from runtime.config import Settings; from runtime.execution.function import usable_cpus;"
         "print(Settings().processes, usable_cpus())"
     )
     out = subprocess.run(

@@ -6,7 +6,7 @@ import pytest
 from conftest import SAMPLES, TESTS
 
 from processors_base import FunctionType
-from runtime.loading import TargetError, load_target
+from runtime.execution.loading import TargetError, load_target
 
 
 @pytest.mark.parametrize(

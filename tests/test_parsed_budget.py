@@ -108,7 +108,7 @@ def test_a_charge_that_does_not_fit_now_is_a_503_and_one_that_never_fits_a_413(
         env={"TEST_MARKER_DIR": str(tmp_path)},
     )
 
-    from runtime.admission import PARSE_COSTS
+    from runtime.serving.admission import PARSE_COSTS
 
     per_item = sum(PARSE_COSTS["api"][:2])  # a "{}" and its comma
 
@@ -161,7 +161,7 @@ def _realistic(repeat: int = 4) -> bytes:
 
 
 def test_realistic_bodies_are_charged_little_or_nothing_beyond_their_bytes() -> None:
-    from runtime.admission import PARSE_COSTS, parsed_extra
+    from runtime.serving.admission import PARSE_COSTS, parsed_extra
 
     # messages of 1.3 KB parse into less than twice their bytes: charged nothing, or little
     # where a route's dicts cost more (a group reward's agent outputs), once the marks in
@@ -199,7 +199,7 @@ def test_realistic_bodies_at_once_are_all_served(start_server) -> None:
 def test_a_body_whose_marks_are_in_its_strings_is_served_within_a_tight_budget(
     start_server,
 ) -> None:
-    from runtime.admission import PARSE_COSTS, PARSED_FLOOR, parsed_extra
+    from runtime.serving.admission import PARSE_COSTS, PARSED_FLOOR, parsed_extra
 
     # 4.3 MB of 1.3 KB messages of LaTeX, code and JSON: the first estimate, which counts
     # their braces and commas, is past the whole budget; the second, which does not, is 0

@@ -328,8 +328,8 @@ def test_a_failed_outputs_huge_error_is_cut_to_a_body_before_it_is_scrubbed():
 
     from processors_base import Reward, RewardOutput
     from processors_base.redaction import Secrets, request_secrets
-    from runtime.function import Function
-    from runtime.loading import load_target
+    from runtime.execution.function import Function
+    from runtime.execution.loading import load_target
 
     function = Function(load_target("workspace.scrub_fns:FailsWithAHugeError", TESTS))
     error = f"could not parse (key={KEY}): " + "&key=x" * (MB // 6)
@@ -354,7 +354,7 @@ def test_a_huge_exception_recorded_on_a_span_is_cut_before_it_is_scrubbed():
     # costs (thousands of credentials: tens of ms), whatever the message's length.
     from processors_base.observability._spans import record_error
     from processors_base.redaction import Secrets, request_secrets
-    from runtime.function import ProcessorFailure
+    from runtime.execution.function import ProcessorFailure
 
     span = TracerProvider().get_tracer("test").start_span("process")
     token = request_secrets.set(Secrets((KEY,)))

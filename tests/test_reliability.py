@@ -224,7 +224,7 @@ def workers_of(server) -> set[int]:  # type: ignore[no-untyped-def]
 
 
 def test_a_worker_that_stops_on_its_own_is_replaced_while_it_drains(start_server, tmp_path):
-    # A worker that found itself unhealthy drains and exits (runtime.server); SIGTERM sent to
+    # A worker that found itself unhealthy drains and exits (serving.server); SIGTERM sent to
     # one worker takes the same path. Its replacement must not wait for the drain to end.
     server = start_server(
         "workspace.fns:SleepyReward", "--workers", "2", env={"TEST_MARKER_DIR": str(tmp_path)}

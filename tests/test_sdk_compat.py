@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT, TESTS, free_port
 from llm_stub import LLMStub
 
-from runtime.sdk_compat import SDK
+from runtime.compat.sdk import SDK
 
 WORKSPACE = TESTS / "sdk_workspace"
 HERE_HAS_SDK = importlib.util.find_spec("dashscope") is not None
@@ -198,7 +198,7 @@ def test_every_sdk_path_resolves_to_ours_only_under_the_runtime():
     code = textwrap.dedent(f"""
         import importlib, importlib.util, json
         import processors_base
-        from runtime import sdk_compat
+        from runtime.compat import sdk as sdk_compat
 
         def state():
             return "importable" if importlib.util.find_spec("dashscope") else "absent"
@@ -226,7 +226,7 @@ def test_a_real_dashscope_is_never_hidden(tmp_path):
     (fake / "__init__.py").write_text("REAL = True\n")
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
-        "from runtime import sdk_compat\n"
+        "from runtime.compat import sdk as sdk_compat\n"
         "installed = sdk_compat.install()\n"
         "import dashscope\n"
         "print(installed, dashscope.REAL)\n"
@@ -248,7 +248,7 @@ def test_an_older_dashscope_without_the_subtree_gets_it_beside_it(tmp_path, has_
     code = textwrap.dedent(f"""
         import importlib, json, sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from runtime import sdk_compat
+        from runtime.compat import sdk as sdk_compat
         out = {{"installed": sdk_compat.install()}}
         import dashscope, dashscope.audio
         from dashscope.finetune.reinforcement import AbstractRewardProcessor
@@ -335,7 +335,7 @@ def test_invoke_an_sdk_style_function():
 @with_sdk
 def test_classes_derive_from_the_installed_sdk():
     code = textwrap.dedent("""
-        from runtime.loading import load_target
+        from runtime.execution.loading import load_target
         import dashscope.finetune.reinforcement as r
         t = load_target("functions.composite_reward:CompositeReward", ".")
         real = r.__file__.endswith("dashscope/finetune/reinforcement/__init__.py")
@@ -419,7 +419,7 @@ def test_the_surface_snapshot_is_the_installed_sdks():
 def test_probes_for_the_rest_of_dashscope_find_it_absent():
     code = textwrap.dedent("""
         import importlib.util, json
-        from runtime import sdk_compat
+        from runtime.compat import sdk as sdk_compat
 
         def attempt(action):
             try:
@@ -474,7 +474,7 @@ def test_task_status_prints_as_the_sdks():
 def test_the_sdks_documented_components_behave_as_documented():
     code = textwrap.dedent("""
         import asyncio, copy, json
-        from runtime import sdk_compat
+        from runtime.compat import sdk as sdk_compat
         sdk_compat.install()
         from dashscope.finetune.reinforcement import (
             AbstractRewardProcessor, InputError, RewardInput, RewardOutput, Reward,
@@ -671,7 +671,7 @@ def test_the_sdks_tracing_helpers_record_on_the_runtimes_tracing():
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from runtime import sdk_compat
+        from runtime.compat import sdk as sdk_compat
         sdk_compat.install()
         from dashscope.finetune.reinforcement import RewardInput
         from dashscope.finetune.reinforcement.component.demo import DemoRewardProcessor

@@ -136,7 +136,7 @@ def test_the_recorded_helpers_are_the_installed_sdks(enabled: str) -> None:
 
 def test_the_sdk_servers_own_objects_raise_a_clear_error_when_used() -> None:
     code = (
-        "from runtime import sdk_compat; sdk_compat.install()\n"
+        "from runtime.compat import sdk as sdk_compat; sdk_compat.install()\n"
         "from dashscope.finetune.reinforcement.component.server import server\n"
         "for use in (lambda: server.executor.submit(print), "
         "lambda: server.func_manager.processor, lambda: server.app.routes):\n"

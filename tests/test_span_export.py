@@ -151,8 +151,8 @@ def test_direct_encoding_is_what_the_sdk_encoder_makes() -> None:
     )
     from opentelemetry.sdk.resources import Resource
 
-    from runtime.otlp_encoding import RecordEncoder
-    from runtime.span_export import _rebuild
+    from runtime.tracing.export import _rebuild
+    from runtime.tracing.otlp import RecordEncoder
 
     resource = Resource.create({"service.name": "EchoReward", "process.pid": 1})
     records = _records()
@@ -168,7 +168,7 @@ def test_an_attribute_otlp_cannot_carry_is_left_out_not_the_batch() -> None:
     )
     from opentelemetry.sdk.resources import Resource
 
-    from runtime.otlp_encoding import RecordEncoder
+    from runtime.tracing.otlp import RecordEncoder
 
     record = list(_records()[1])
     record[10] = {"kept": "yes", "odd": object()}
@@ -186,7 +186,7 @@ def test_a_lone_surrogate_cannot_spoil_the_batch() -> None:
     )
     from opentelemetry.sdk.resources import Resource
 
-    from runtime.otlp_encoding import RecordEncoder
+    from runtime.tracing.otlp import RecordEncoder
 
     record = list(_records()[1])
     record[0] = "reward \ud800"
@@ -258,7 +258,7 @@ def test_long_span_names_and_keys_are_not_kept_by_the_encoder() -> None:
     # exporter process; the short ones that recur are kept
     from opentelemetry.sdk.resources import Resource
 
-    from runtime import otlp_encoding
+    from runtime.tracing.spans import otlp as otlp_encoding
 
     encoder = otlp_encoding.RecordEncoder(Resource.create({"service.name": "x"}))
     records = [

@@ -564,7 +564,7 @@ def test_the_runtime_leaves_observe_processor_as_it_found_it(tmp_path):
         "InMemorySpanExporter\n"
         "from processors_base import AbstractRewardProcessor, Reward, RewardOutput, "
         "observe_processor\n"
-        "from runtime.tracing import Tracing\n"
+        "from runtime.tracing.spans import Tracing\n"
         "exporter = InMemorySpanExporter()\n"
         "provider = TracerProvider()\n"
         "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"

@@ -75,7 +75,7 @@ def processor_span(
 ) -> Iterator[Span]:
     # The function type and the processor are in the span's name (and, under the runtime,
     # in the resource): every attribute costs on the hot path and again when exported.
-    # (The runtime opens its own, leaner, with processor_context(): runtime.tracing.)
+    # (The runtime opens its own, leaner, with processor_context(): runtime.tracing.spans.)
     attrs = dict(attributes) if attributes else {}
     if capture_enabled():
         attrs["agentic_rl.input"] = capture(input_data)

@@ -15,7 +15,7 @@ from typing import Any
 
 
 def check(spec: str, workspace: str, expected: str | None) -> dict[str, Any]:
-    from runtime.loading import TargetError, load_target
+    from runtime.execution.loading import TargetError, load_target
 
     try:
         target = load_target(spec, workspace, expected)

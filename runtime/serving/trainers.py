@@ -50,15 +50,15 @@ from typing_extensions import TypedDict  # pydantic reads typing's only from Pyt
 
 from processors_base.rewards import RENORMALIZED, registry_of
 from runtime import errors
-from runtime.admission import PARSE_COSTS
-from runtime.app import _ClientGone, _Interrupt
-from runtime.function import ProcessorFailure, RequestError, invalid_input
+from runtime.execution.function import ProcessorFailure, RequestError, invalid_input
 from runtime.logs import bind_request, unbind_request
-from runtime.metrics import code_label
-from runtime.sending import WHOLE_RESPONSE
+from runtime.serving.admission import PARSE_COSTS
+from runtime.serving.app import _ClientGone, _Interrupt
+from runtime.serving.metrics import code_label
+from runtime.serving.sending import WHOLE_RESPONSE
 
 if TYPE_CHECKING:
-    from runtime.app import FunctionApp
+    from runtime.serving.app import FunctionApp
 
 __all__ = ["PROTOCOL_PATHS", "TrainerRoutes"]
 
@@ -80,7 +80,7 @@ _START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not 
 _INLINE_SAMPLES = 32
 _INLINE_BYTES = 64 * 1024
 _RETRY_AFTER = {"Retry-After": "1"}
-# what a body parsed and mapped costs (runtime.admission.PARSE_COSTS), by protocol; "plain"
+# what a body parsed and mapped costs (runtime.serving.admission.PARSE_COSTS), by protocol; "plain"
 # for one that is parsed only (OpenRLHF's samples are held by _hold_samples)
 _PARSE_COSTS = {**PARSE_COSTS, "openrlhf": PARSE_COSTS["plain"]}
 _T = TypeVar("_T")
@@ -405,7 +405,7 @@ class TrainerRoutes:
 
         Each sample takes a place in the queue, as a /api/v1 request would. A batch larger
         than the free places runs in chunks: a sample that ends hands its place to the next
-        one. The deadline is /api/v1's machinery (``runtime.app._Interrupt``): at the
+        one. The deadline is /api/v1's machinery (``runtime.serving.app._Interrupt``): at the
         deadline a sample is answered at once, whatever its task does, and cancelled again
         until it ends; one that will not end is counted as stuck and gives its place back.
         """

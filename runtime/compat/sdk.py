@@ -5,7 +5,7 @@ Two environments:
 1. ``dashscope`` is not installed (the usual case in a function image). ``install()``
    appends an import finder that answers the SDK's module paths
    (``dashscope.finetune.reinforcement`` and every public module under it, see
-   ``runtime.sdk_alias``) with modules holding this project's implementation. It sits at
+   ``runtime.compat.alias``) with modules holding this project's implementation. It sits at
    the *end* of ``sys.meta_path`` and is only installed when no real ``dashscope`` can be
    found, so it never hides an installed SDK; nothing is written to site-packages, and it
    lives only in a process that runs our code.
@@ -51,7 +51,7 @@ from typing import Any, NoReturn
 
 from processors_base import models
 from processors_base.models import FunctionType
-from runtime.sdk_alias import MODULES, SDK, exports
+from runtime.compat.alias import MODULES, SDK, exports
 
 __all__ = [
     "SDK",
@@ -63,7 +63,7 @@ __all__ = [
     "uninstall",
 ]
 
-_ORIGIN = "runtime.sdk_compat"
+_ORIGIN = "runtime.compat.sdk"
 _PARENTS = ("dashscope", "dashscope.finetune")
 _FULL_NAMES = {SDK + relative for relative in MODULES}
 _PACKAGES = {n for n in _FULL_NAMES if any(o.startswith(n + ".") for o in _FULL_NAMES)}

@@ -11,7 +11,7 @@ the processor span is a child of the caller's span; request_metadata's ids becom
 baggage, copied onto every span of the request (also spans made in worker threads,
 which inherit the context); ``x-request-id`` is an attribute of the processor span.
 
-Cost: spans are encoded and exported in a child process (runtime.span_export), and the
+Cost: spans are encoded and exported in a child process (runtime.tracing.export), and the
 processor span, made on every request, is a lean span of our own (``_RequestSpan``)
 rather than the SDK's: same ids, sampling, attributes, events and status on the wire,
 without the SDK span's locks, limits and per-span processor calls. Spans that user code
@@ -55,7 +55,7 @@ from processors_base.observability.processor import (
     runtime_opens_processor_spans,
 )
 from processors_base.redaction import redact
-from runtime.span_export import SCALAR_TYPES, PipeSpanProcessor, builtin_value
+from runtime.tracing.export import SCALAR_TYPES, PipeSpanProcessor, builtin_value
 
 __all__ = ["Tracing"]
 

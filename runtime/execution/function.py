@@ -24,9 +24,9 @@ from processors_base.redaction import Secrets, redact_head, request_secrets
 from processors_base.redaction import redact as redact_text
 from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors
 from runtime import errors
-from runtime.finite import constant_in, finder_for, strict_serializer
-from runtime.loading import Target
-from runtime.offload import ProcessOffload, ThreadOffload, UserThreads
+from runtime.execution.finite import constant_in, finder_for, strict_serializer
+from runtime.execution.loading import Target
+from runtime.execution.offload import ProcessOffload, ThreadOffload, UserThreads
 
 __all__ = ["Function", "ProcessorFailure", "RequestError", "invalid_input"]
 

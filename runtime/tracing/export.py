@@ -83,7 +83,7 @@ def _builtins(attributes: Any) -> dict[str, Any]:
 
 
 def span_record(span: ReadableSpan) -> SpanRecord:
-    """An SDK span as a ``SpanRecord`` (runtime.tracing builds its own spans' in place)."""
+    """An SDK span as a ``SpanRecord`` (runtime.tracing.spans builds its own spans' in place)."""
     context, parent, scope = span.context, span.parent, span.instrumentation_scope
     code, description = span.status.status_code, span.status.description
     return (
@@ -361,7 +361,7 @@ def _exporter_main(
 
 
 def _encode_directly(trace_exporter: Any, resource: Any) -> bool:
-    """Make the OTLP exporter send our own encoding of the records (runtime.otlp_encoding,
+    """Make the OTLP exporter send our own encoding of the records (runtime.tracing.otlp,
     about 5 us a span) instead of rebuilding SDK spans for its encoder (about 30): its
     endpoint, headers, compression, timeout and retries stay the exporter's. Done only in
     this process, which does nothing else, and only where ``export()`` encodes through
@@ -371,7 +371,7 @@ def _encode_directly(trace_exporter: Any, resource: Any) -> bool:
     names = getattr(code, "co_names", ())
     if "encode_spans" not in names or not hasattr(trace_exporter, "encode_spans"):
         return False
-    from runtime.otlp_encoding import RecordEncoder
+    from runtime.tracing.otlp import RecordEncoder
 
     encoder = RecordEncoder(resource)
     trace_exporter.encode_spans = lambda records: _Encoded(encoder.encode(records))

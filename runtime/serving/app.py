@@ -29,15 +29,15 @@ from processors_base.models import TaskStatus
 from processors_base.observability.processor import record_output
 from processors_base.redaction import in_flight
 from runtime import errors
-from runtime.admission import PARSE_COSTS, PARSED_FLOOR, Admission, parsed_extra, scan_above
+from runtime.compat.alias.parsers import parser_for
 from runtime.config import Settings
-from runtime.function import Function, ProcessorFailure, RequestError
+from runtime.execution.function import Function, ProcessorFailure, RequestError
 from runtime.logs import RequestLog, bind_request, bind_secrets, unbind_request
-from runtime.metrics import CONTENT_TYPE_LATEST, OTHER, UNKNOWN_PATH, Metrics
-from runtime.protocol import REJECTED
-from runtime.sdk_alias.parsers import parser_for
-from runtime.sending import WHOLE_RESPONSE, split_whole_responses
-from runtime.tracing import Tracing
+from runtime.serving.admission import PARSE_COSTS, PARSED_FLOOR, Admission, parsed_extra, scan_above
+from runtime.serving.metrics import CONTENT_TYPE_LATEST, OTHER, UNKNOWN_PATH, Metrics
+from runtime.serving.protocol import REJECTED
+from runtime.serving.sending import WHOLE_RESPONSE, split_whole_responses
+from runtime.tracing.spans import Tracing
 
 __all__ = ["FunctionApp"]
 
@@ -141,7 +141,7 @@ class FunctionApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 # anyio's default threads are left to runtime internals (/metrics, tracing):
-                # user code has its own (runtime.offload.UserThreads) and never holds them.
+                # user code has its own (execution.offload.UserThreads) and never holds them.
                 # Setup runs in the background so that /health answers "starting" meanwhile.
                 self.loop = loop = asyncio.get_running_loop()
                 self._setup_task = loop.create_task(self._setup())
@@ -560,7 +560,7 @@ class FunctionApp:
             raise _over_budget(self.admission.buffered)
         return held + size
 
-    # --- the trainer protocols (runtime.trainers) -----------------------------------
+    # --- the trainer protocols (runtime.serving.trainers) -----------------------------------
 
     def admit(self, count: int = 1) -> tuple[str, str] | None:
         """Admit ``count`` requests, all or none: None, or the (code, message) of the 503."""
@@ -816,7 +816,7 @@ async def _send(
 
 
 def _trainer_routes(app: FunctionApp) -> list[Route]:
-    from runtime.trainers import TrainerRoutes  # imports this module
+    from runtime.serving.trainers import TrainerRoutes  # imports this module
 
     return TrainerRoutes(app).routes
 

@@ -9,7 +9,7 @@ the target, runs setup() and serves. The supervisor:
   once when a worker reports a failed setup() (exit 3): every replacement would fail too;
 - kills and replaces a worker whose event loop has not run for ``--heartbeat-timeout``
   (sync code blocking an ``async def``), and starts a replacement as soon as a worker
-  drains on its own (one that found itself unhealthy stops itself, runtime.server), not
+  drains on its own (one that found itself unhealthy stops itself, runtime.serving.server), not
   only once it has exited; both read a heartbeat the worker's loop writes to shared memory;
 - on SIGTERM/SIGINT signals every worker at once and gives them one ``--grace`` in all,
   not one each: past it, a worker whose loop is blocked (it cannot drain) is killed (not
@@ -29,9 +29,7 @@ worker that dies in setup() at once and forever (only a worker exit 3 halts it).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -41,10 +39,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -52,60 +48,19 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 
 from runtime.config import Settings
+from runtime.serving.heartbeat import STOPPED, Heartbeat
 
-__all__ = ["Heartbeat", "supervise"]
+__all__ = ["supervise"]
 
 log = logging.getLogger("runtime")
 
 RESTART_LIMIT = 5  # workers in a row that die before they are ready: a crash loop
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0  # seconds before restarting such a worker
-# Past --grace: beyond a worker's own bound on its shutdown (runtime.server), so that the
+# Past --grace: beyond a worker's own bound on its shutdown (runtime.serving.server), so that the
 # supervisor's kill is only the backstop for a worker that fails to bound itself.
 SHUTDOWN_SLACK = 30.0
 SILENT = 1.0  # seconds without a beat: a loop that is blocked now, not merely busy
-STOPPED = "stopped"  # a worker's last beat once its server has stopped: silence is no block
 _TICK = 0.1
-
-
-class Heartbeat:
-    """What a worker tells its supervisor through shared memory: when its event loop last
-    ran and the status its /health reports. One writer, no lock: a torn read can only
-    delay a decision by a tick."""
-
-    INTERVAL = 0.25  # seconds between beats
-    STATES = ("starting", "healthy", "draining", "unhealthy", "stopped")
-
-    def __init__(self, context: SpawnContext) -> None:
-        self._stamp = context.RawValue(ctypes.c_double, 0.0)
-        self._state = context.RawValue(ctypes.c_int, 0)
-        self._was_ready = context.RawValue(ctypes.c_bool, False)
-
-    def beat(self, state: str) -> None:
-        if state == "healthy":  # first: whoever reads "healthy" finds this set too
-            self._was_ready.value = True
-        self._state.value = self.STATES.index(state) if state in self.STATES else 0
-        self._stamp.value = time.monotonic()  # system-wide clock: comparable across processes
-
-    @property
-    def state(self) -> str:
-        return self.STATES[self._state.value]
-
-    @property
-    def was_ready(self) -> bool:
-        """Whether it has reported "healthy" at least once: a worker may get ready, take a
-        request that blocks its loop and be told to stop, all between two looks."""
-        return self._was_ready.value
-
-    def silence(self) -> float:
-        """Seconds since the last beat (0 before the first)."""
-        stamp = self._stamp.value
-        return time.monotonic() - stamp if stamp else 0.0
-
-    async def keep_beating(self, state: Callable[[], str]) -> None:
-        """Run on the worker's event loop: a loop that is blocked stops beating."""
-        while True:
-            self.beat(state())
-            await asyncio.sleep(self.INTERVAL)
 
 
 @dataclass
@@ -129,7 +84,7 @@ def _worker(
     lifeline: Connection,
     owned_dir: str | None,
 ) -> None:
-    from runtime.server import run_worker
+    from runtime.serving.server import run_worker  # in the worker only: the supervisor stays lean
 
     orphaned = threading.Event()
     threading.Thread(

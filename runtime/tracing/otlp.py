@@ -1,6 +1,6 @@
 """OTLP protobuf encoding of span records, written straight to bytes.
 
-The exporter process (``runtime.span_export``) receives spans as plain tuples. Rebuilding
+The exporter process (``runtime.tracing.export``) receives spans as plain tuples. Rebuilding
 SDK spans from them and encoding those with the OpenTelemetry encoder costs about 30 us a
 span, on the same cores as the worker; writing the protobuf wire format directly from
 the tuples costs a few. The bytes are those of an ``ExportTraceServiceRequest`` as the

@@ -13,8 +13,8 @@ from typing import Any
 
 from processors_base.models import BaseDataModel, FunctionType
 from processors_base.processors import AbstractProcessor
-from runtime.sdk_alias.parsers import BaseRequestParser, parser_for
-from runtime.sdk_alias.tracing import async_trace_processor_process, trace_processor_process
+from runtime.compat.alias.parsers import BaseRequestParser, parser_for
+from runtime.compat.alias.tracing import async_trace_processor_process, trace_processor_process
 
 __all__ = ["FuncManager"]
 
@@ -95,7 +95,7 @@ class FuncManager:
 
     @classmethod
     def create_from_env(cls, func_type: FunctionType, processor_class_path: str) -> FuncManager:
-        from runtime.loading import load_target
+        from runtime.execution.loading import load_target
 
         target = load_target(processor_class_path, Path.cwd(), func_type)
         return cls(func_type, processor=target.cls())

@@ -1,7 +1,7 @@
 """How answers leave a connection: cheaper than uvicorn's generic send.
 
 - ``WHOLE_RESPONSE``, an ASGI extension (advertised in ``scope["extensions"]`` by
-  runtime.protocol): the app sends ``{"type": WHOLE_RESPONSE, "status": int, "headers":
+  runtime.serving.protocol): the app sends ``{"type": WHOLE_RESPONSE, "status": int, "headers":
   [(name, value), ...], "body": bytes}`` instead of the start and body messages, and
   ``WholeResponseCycle`` builds the answer at once (content-length added), without uvicorn's
   per-header checks: the headers are the app's own constants. Under a server without the

@@ -277,8 +277,8 @@ def _child_init(
     try:
         import anyio
 
-        from runtime.function import run_user_code
-        from runtime.loading import load_target
+        from runtime.execution.function import run_user_code
+        from runtime.execution.loading import load_target
 
         target = load_target(spec, workspace, func_type)
         processor = target.cls()

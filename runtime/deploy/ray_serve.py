@@ -229,7 +229,7 @@ class FunctionReplica:
         self._function_app: Any = None  # not "app": the Serve wrapper has one
 
     def __serve_build_asgi_app__(self) -> Any:
-        from runtime.server import build_app
+        from runtime.serving.server import build_app
 
         settings = self._function_settings
         level = logging.getLevelName(settings.log_level.upper())

@@ -23,16 +23,16 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 import runtime.logs
-from runtime.app import SHUTDOWN_HOOK_LIMIT, FunctionApp
 from runtime.config import Settings
-from runtime.function import Function, ProcessorFailure
-from runtime.loading import TargetError, load_target
+from runtime.execution.function import Function, ProcessorFailure
+from runtime.execution.loading import TargetError, load_target
 from runtime.logs import setup_logging
-from runtime.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
-from runtime.supervisor import STOPPED, Heartbeat, supervise
-from runtime.tracing import Tracing
+from runtime.serving.app import SHUTDOWN_HOOK_LIMIT, FunctionApp
+from runtime.serving.heartbeat import STOPPED, Heartbeat
+from runtime.serving.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
+from runtime.tracing.spans import Tracing
 
-__all__ = ["Server", "build_app", "run_worker", "serve"]
+__all__ = ["Server", "bind", "build_app", "run_worker"]
 
 log = logging.getLogger("runtime")
 
@@ -174,7 +174,7 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
         log_config=None,  # logging is set up by runtime.logs
         timeout_graceful_shutdown=int(settings.grace + 0.999),
         # Hostile or broken clients: header limits and deadlines, a connection cap and JSON
-        # error answers (runtime.protocol); an idle keep-alive connection closes after 5 s.
+        # error answers (runtime.serving.protocol); an idle keep-alive connection closes after 5 s.
         http=protocol_class(
             max_connections=connection_cap(settings.max_connections),
             read_timeout=settings.body_timeout,
@@ -188,7 +188,7 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
     )
 
 
-def _bind(settings: Settings) -> socket.socket:
+def bind(settings: Settings) -> socket.socket:
     """The listening socket, bound before anything is loaded; exit 2 if the address is taken."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
@@ -228,7 +228,7 @@ def run_worker(
     """Serve in this process: on ``sock`` (a supervised worker) or by binding the port."""
     setup_logging(settings.log_level, settings.log_format)
     if sock is None:
-        sock = _bind(settings)
+        sock = bind(settings)
     try:
         app = build_app(settings)
     except (TargetError, ProcessorFailure) as exc:
@@ -237,17 +237,3 @@ def run_worker(
     server = Server(_uvicorn_config(app, settings))
     server.heartbeat = heartbeat
     server.run(sockets=[sock])
-
-
-def serve(settings: Settings) -> None:
-    """Serve until SIGTERM/SIGINT; exits non-zero if setup() fails."""
-    if settings.ray:
-        from runtime.ray_serve import serve_on_ray  # Ray is an optional extra
-
-        sys.exit(serve_on_ray(settings))
-    if settings.workers == 1:
-        run_worker(settings)
-        return
-    code = supervise(settings, _bind(settings))
-    if code:
-        sys.exit(code)

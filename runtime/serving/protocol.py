@@ -23,14 +23,14 @@ missing and answers every error as the runtime's JSON error body:
 
 An idle keep-alive connection is closed after ``timeout_keep_alive`` seconds, as uvicorn
 does, but with one lazy timer a connection instead of a timer an answer. Answers leave
-through ``runtime.sending``: each connection's transport is wrapped so that its writes go
+through ``runtime.serving.sending``: each connection's transport is wrapped so that its writes go
 out with the event loop's batch, and /api/v1 answers are one message.
 
 Every rejection is counted (``on_reject``: /metrics by status and code) and logged, at most
 one WARNING line per ``LOG_EVERY`` seconds; a request the app was serving when its
 connection was rejected is marked in its scope (``REJECTED``), so that the app records the
 status the client got. The body has its own deadline and budget, enforced by the app
-(``runtime.app``). This
+(``runtime.serving.app``). This
 relies on uvicorn internals (the parser callbacks, ``cycle``, ``connections``), which is
 why ``pyproject.toml`` bounds uvicorn to the versions tested.
 """
@@ -52,7 +52,7 @@ from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from runtime import errors
-from runtime.sending import WHOLE_RESPONSE, BatchedTransport, WholeResponseCycle, WriteBatch
+from runtime.serving.sending import WHOLE_RESPONSE, BatchedTransport, WholeResponseCycle, WriteBatch
 
 __all__ = ["REJECTED", "GuardedHttpToolsProtocol", "protocol_class", "raw_error"]
 
@@ -248,7 +248,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = _EXTENSIONS  # what runtime.sending adds to uvicorn's
+        self.scope["extensions"] = _EXTENSIONS  # what runtime.serving.sending adds to uvicorn's
         self._in_headers = True
         self._header_count = 0
         self._header_bytes = 0

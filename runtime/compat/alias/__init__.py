@@ -207,7 +207,7 @@ def _pool() -> dict[str, Any]:
     """Every name any SDK module exports, bound to this project's object for it."""
     import processors_base
     from processors_base import models, reward_meta
-    from runtime.sdk_alias import common, demos, manager, parsers, tracing, unavailable
+    from runtime.compat.alias import common, demos, manager, parsers, tracing, unavailable
 
     pool: dict[str, Any] = {
         name: getattr(processors_base, name) for name in processors_base.__all__
@@ -245,7 +245,7 @@ def _pool() -> dict[str, Any]:
 @functools.cache
 def _server_names() -> dict[str, Any]:
     """The SDK server module's own objects, which this runtime's server replaces."""
-    from runtime.sdk_alias import unavailable
+    from runtime.compat.alias import unavailable
 
     module = f"{SDK}.component.server.server"
     return {

@@ -107,7 +107,7 @@ def push(image: str) -> str:
 def run_build(workspace: str, image: str, target: str | None, push_it: bool = False) -> int:
     """``python -m runtime build``: check the target, build, optionally push; exit status."""
     if target:
-        from runtime.loading import TargetError, load_target
+        from runtime.execution.loading import TargetError, load_target
 
         try:
             load_target(target, workspace)

@@ -14,7 +14,7 @@ from typing import Any
 
 from processors_base.models import FunctionType, WireModel
 from processors_base.processors import AbstractProcessor
-from runtime import sdk_compat
+from runtime.compat import sdk as sdk_compat
 
 __all__ = ["Target", "TargetError", "load_target"]
 

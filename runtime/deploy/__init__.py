@@ -1,0 +1,1 @@
+"""Deploying a function: Ray Serve (serve --ray), Kubernetes manifests, images."""

@@ -1,0 +1,2 @@
+"""Running the user's code: loading the target, the Function that parses, calls and
+serialises, offloading sync code to threads or killable processes, finite checks."""
