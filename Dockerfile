@@ -45,7 +45,11 @@ COPY --from=build /workspace /workspace
 WORKDIR /workspace
 USER 10001
 EXPOSE 8000
+# -I: not the workspace (the current directory) first on sys.path, where a urllib/ of its own
+# would be imported in place of the standard library's
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=2)"]
-# exec form: the server is PID 1 and receives docker stop's SIGTERM itself.
-ENTRYPOINT ["python", "-m", "runtime", "serve"]
+    CMD ["python", "-I", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=2)"]
+# exec form: the server is PID 1 and receives docker stop's SIGTERM itself. The console
+# script, not `python -m runtime`, which puts the workspace (the current directory) first
+# on sys.path and so would run a workspace runtime.py (or runtime/) in place of the server.
+ENTRYPOINT ["agentic-rl-runtime", "serve"]

@@ -6,7 +6,12 @@ between runs on a shared machine; this moves by about 2%).
     python benchmarks/inprocess.py --http          # uvicorn's protocol and the app, fed bytes
     python benchmarks/inprocess.py --http --bare   # the bare ASGI app on plain uvicorn
     python benchmarks/inprocess.py --tracing       # with a processor span a request
+    python benchmarks/inprocess.py --body group    # a group reward of 64 x 3 KB (GroupEcho)
     python benchmarks/inprocess.py --profile out.prof   # cProfile of the app alone
+
+Instructions a request, steady on a busy machine: the difference between two runs under
+``valgrind --tool=callgrind`` (PYTHONHASHSEED=0) with ``--repeat 1 --warm 200`` and two
+``--requests`` counts, divided by the difference of the counts.
 
 The app runs its lifespan (setup) first; spans, with --tracing, go to the export queue and
 the exporter process as in the server (OTEL_EXPORTER_OTLP_ENDPOINT: where they are sent;
@@ -34,11 +39,24 @@ BODY = (
     b'"user", "content": "What is 6 times 7?"}, {"role": "assistant", "content": "The answer '
     b'is 42."}]}}'
 )
-REQUEST = (
-    b"POST /api/v1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n" % len(BODY)
-) + BODY
 CONNECTIONS = 32
+TARGETS = {"echo": "functions.ours:EchoReward", "group": "functions.ours:GroupEcho"}
+
+
+def _body(kind: str) -> bytes:
+    if kind == "echo":
+        return BODY
+    from run import group_body  # benchmarks/run.py's realistic group request (64 x 3 KB)
+
+    return group_body().encode()
+
+
+def _request(body: bytes) -> bytes:
+    head = (
+        b"POST /api/v1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    return head + body
 
 
 class _Transport(asyncio.Transport):
@@ -96,7 +114,7 @@ class _Lifespan:
         await self._task
 
 
-def _app_rounds(app: Any) -> Any:
+def _app_rounds(app: Any, body: bytes) -> Any:
     """Requests as the ASGI calls our protocol makes (WHOLE_RESPONSE advertised)."""
     from runtime.serving.sending import WHOLE_RESPONSE
 
@@ -105,11 +123,11 @@ def _app_rounds(app: Any) -> Any:
         "method": "POST",
         "path": "/api/v1",
         "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(BODY))],
+                    (b"content-length", b"%d" % len(body))],
         "client": ("127.0.0.1", 50000),
         "extensions": {WHOLE_RESPONSE: {}},
     }  # fmt: skip
-    message = {"type": "http.request", "body": BODY, "more_body": False}
+    message = {"type": "http.request", "body": body, "more_body": False}
     answers: list[int] = []
 
     async def receive() -> dict[str, Any]:
@@ -128,7 +146,7 @@ def _app_rounds(app: Any) -> Any:
     return rounds
 
 
-def _http_rounds(app: Any, bare: bool) -> Any:
+def _http_rounds(app: Any, bare: bool, body: bytes = BODY) -> Any:
     """Whole requests fed to uvicorn's protocol (ours, or uvicorn's own for --bare)."""
     from uvicorn.config import Config
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -142,6 +160,7 @@ def _http_rounds(app: Any, bare: bool) -> Any:
     cls = HttpToolsProtocol if bare else protocol_class(max_connections=1024, read_timeout=10)
     loop = asyncio.get_running_loop()
     protocols = []
+    request = _request(body)
     for _ in range(CONNECTIONS):
         protocol = cls(config=config, server_state=state, app_state={}, _loop=loop)
         protocol.connection_made(_Transport())
@@ -150,7 +169,7 @@ def _http_rounds(app: Any, bare: bool) -> Any:
     async def rounds(count: int) -> None:
         for _ in range(max(1, count // CONNECTIONS)):
             for protocol in protocols:
-                protocol.data_received(REQUEST)
+                protocol.data_received(request)
             while state.tasks:  # every answer sent (and the write batch's turn taken)
                 await asyncio.sleep(0)
             await asyncio.sleep(0)
@@ -167,14 +186,16 @@ async def _measure(args: argparse.Namespace) -> None:
     from runtime.config import Settings
     from runtime.serving.server import build_app
 
-    settings = Settings(target="functions.ours:EchoReward", workspace=str(HERE))
+    settings = Settings(target=TARGETS[args.body], workspace=str(HERE))
     app = build_app(dataclasses.replace(settings, tracing=args.tracing))
+    body = _body(args.body)
     async with _Lifespan(app):
-        await _rounds(args, _http_rounds(app, bare=False) if args.http else _app_rounds(app))
+        rounds = _http_rounds(app, False, body) if args.http else _app_rounds(app, body)
+        await _rounds(args, rounds)
 
 
 async def _rounds(args: argparse.Namespace, rounds: Any) -> None:
-    await rounds(2000)  # warm
+    await rounds(args.warm)
     if args.profile:
         import cProfile
 
@@ -190,7 +211,8 @@ async def _rounds(args: argparse.Namespace, rounds: Any) -> None:
         started = time.perf_counter()
         await rounds(args.requests)
         best = min(best, (time.perf_counter() - started) / args.requests)
-    what = "bare app on uvicorn" if args.bare else "runtime" + (", tracing" if args.tracing else "")
+    what = "bare app on uvicorn" if args.bare else f"runtime, {args.body}"
+    what += ", tracing" if args.tracing else ""
     where = "HTTP protocol and app" if args.http else "app alone"
     print(f"{best * 1e6:.2f} us a request ({what}; {where}; best of {args.repeat})")
 
@@ -202,7 +224,11 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="through uvicorn's protocol")
     parser.add_argument("--bare", action="store_true", help="the bare app (implies --http)")
     parser.add_argument("--tracing", action="store_true", help="a processor span a request")
+    parser.add_argument(
+        "--body", choices=sorted(TARGETS), default="echo", help="the request (not with --bare)"
+    )
     parser.add_argument("--requests", type=int, default=50_000, help="requests a measurement")
+    parser.add_argument("--warm", type=int, default=2000, help="requests before measuring")
     parser.add_argument("--repeat", type=int, default=5, help="measurements; the best counts")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of one measurement")
     args = parser.parse_args()

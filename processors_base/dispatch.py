@@ -11,15 +11,36 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-__all__ = ["Offload", "call", "call_function", "is_async"]
+if TYPE_CHECKING:
+    from processors_base.rewards import SubRewardErrors
+
+__all__ = ["Offload", "Services", "call", "call_function", "is_async", "runtime_services"]
 
 # A runtime's way to run sync user code off the loop: ``await offload(attr, arg)`` runs
 # ``getattr(processor, attr)(arg)`` (in a bounded thread pool, or a child process).
 Offload = Callable[[str, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a runtime lends the user code it runs: ``offload``, where sync sub-rewards and
+    aggregates run; ``sub_reward_errors``, how a failed sub-reward counts and who hears of
+    it (see processors_base.rewards)."""
+
+    offload: Offload | None = None
+    sub_reward_errors: SubRewardErrors | None = None
+
+
+# The runtime sets it around each call of user code; the tasks and threads that call starts
+# inherit it with their context. (Never an attribute of the processor: a class that takes
+# no new attributes, slotted or frozen, would lose it.) None: no runtime, anyio's threads.
+runtime_services: ContextVar[Services | None] = ContextVar("runtime_services", default=None)
 
 # Whether a function is a coroutine function never changes, and asking ``inspect`` costs
 # more than a request's whole dispatch: the answer is kept per function (bounded, since a
@@ -46,14 +67,15 @@ def is_async(func: Callable[..., Any]) -> bool:
 async def call(owner: Any, attr: str, arg: Any, offload: Offload | None = None) -> Any:
     """``owner.<attr>(arg)``: awaited on the loop if async, else run by ``offload``.
 
-    Without ``offload``, the one the runtime put on the instance (``_runtime_offload``)
-    is used, and failing that anyio's worker threads.
+    Without ``offload``, the runtime's (``runtime_services``) is used, and failing that
+    anyio's worker threads.
     """
     func = getattr(owner, attr)
     if is_async(func):
         return await func(arg)
     if offload is None:
-        offload = getattr(owner, "_runtime_offload", None)
+        services = runtime_services.get()
+        offload = services.offload if services is not None else None
     if offload is not None:
         result = await offload(attr, arg)
     else:

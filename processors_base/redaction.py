@@ -57,7 +57,7 @@ _MIN_DERIVED = 8  # shorter encoded fragments would blank unrelated text
 _MAX_DERIVED = 4096
 
 
-class Secrets(tuple):  # type: ignore[type-arg]
+class Secrets(tuple[str, ...]):
     """The request's secret values; their encoded forms are derived on first use."""
 
     _forms: tuple[str, ...] | None = None
@@ -80,7 +80,8 @@ class Secrets(tuple):  # type: ignore[type-arg]
             if isinstance(resource, dict)
             else getattr(resource, "api_key", None)
         )
-        value = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+        reveal = getattr(key, "get_secret_value", None)  # a SecretStr's
+        value = reveal() if reveal is not None else key
         return cls((value,)) if isinstance(value, str) and value else _NONE
 
     def forms(self) -> tuple[str, ...]:
@@ -306,15 +307,21 @@ def _jwts(text: str) -> list[tuple[int, int]]:
     backwards = text[::-1]  # the header's run of base64url, back from its dot
     for payload in _JWT_PAYLOAD.finditer(text):
         dot, end = payload.span()
-        run = len(text) - _B64URL_RUN.match(backwards, len(text) - dot).end()
+        run = len(text) - _run_end(backwards, len(text) - dot)
         # the header: the run's first "eyJ" with 4 more characters before the dot
         start = text.find("eyJ", run, dot - 4) if dot - run >= 7 else -1
         if start >= 0:
-            end = _B64URL_RUN.match(text, end + 1).end()  # and the signature
+            end = _run_end(text, end + 1)  # and the signature
             if spans and start < spans[-1][1]:  # its header is the last one's signature
                 start = spans.pop()[0]
             spans.append((start, end))
     return spans
+
+
+def _run_end(text: str, at: int) -> int:
+    """Where the run of base64url characters that starts at ``at`` ends."""
+    run = _B64URL_RUN.match(text, at)  # matches the empty run too: never None
+    return run.end() if run is not None else at
 
 
 def _pem_keys(text: str) -> list[tuple[int, int]]:
@@ -337,7 +344,9 @@ def scrub_credentials(text: str, marker: str = REDACTED) -> str:
     if ".eyJ" in text:
         found.append(_jwts(text))
     short = len(text) < _SHORT
-    low = _lowered(text) if short else None
+    # a long text is lowered only once a lowered shape needs it ("" until then; lowering
+    # never empties a text that long)
+    low = _lowered(text) if short else ""
     near = None
     for needs, anchor, pattern, lowered, keyed in _SHAPES:
         if short:  # most lines: no anchor is found, no pattern runs
@@ -347,7 +356,7 @@ def scrub_credentials(text: str, marker: str = REDACTED) -> str:
                 continue
         elif not all(any(char in text for char in chars) for chars in needs):
             continue
-        elif lowered and low is None:
+        elif lowered and not low:
             low = _lowered(text)
             near = _before_equals(low)
         if keyed and near is not None and anchor not in near:

@@ -38,7 +38,6 @@ out of the weighted sum and the weights of the others are scaled to the same sum
 from __future__ import annotations
 
 import abc
-import contextlib
 import functools
 import inspect
 import logging
@@ -48,12 +47,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 
 from processors_base import dispatch
 from processors_base.models import Reward, RewardInput, RewardOutput, TaskStatus
+
+if TYPE_CHECKING:  # processors imports this module
+    from processors_base.processors import AbstractRewardProcessor
 
 __all__ = [
     "SUB_REWARD_ERROR",
@@ -62,13 +64,16 @@ __all__ = [
     "SubReward",
     "SubRewardErrors",
     "aggregate_func",
+    "errors_for",
     "registry_of",
     "reward_func",
     "sub_reward_func",
 ]
 
+# The decorators hand back what they were given, typed as given (a user's type checker
+# sees the decorated class or method, not Any).
 F = TypeVar("F", bound=Callable[..., Any])
-C = TypeVar("C", bound=type)
+C = TypeVar("C", bound="type[AbstractRewardProcessor]")
 
 SUB_REWARD_ERROR = "SUB_REWARD_ERROR"
 
@@ -76,7 +81,7 @@ _SUB_REWARD_TAG = "__sub_reward__"
 _AGGREGATE_TAG = "__aggregate_func__"
 _NAME_ATTR = "__reward_name__"
 _CACHE_ATTR = "__reward_registry__"
-_ERRORS_ATTR = "_runtime_sub_reward_errors"
+_PROCESS = "process"  # the method @reward_func replaces with the registry's processing
 
 log = logging.getLogger("processors_base.rewards")
 
@@ -103,9 +108,9 @@ class RewardRegistry:
 class SubRewardErrors:
     """What a failed sub-reward does to the result, and who hears of it.
 
-    One per processor instance: the runtime installs its own (with ``--sub-reward-errors``
-    and its counter) as the instance's ``_runtime_sub_reward_errors``; without a runtime,
-    a default one (mode ``zero``) is made on first use. ``on_failure(name)`` is called for
+    The runtime lends its own (with ``--sub-reward-errors`` and its counter) to the user
+    code it runs (see :func:`errors_for`); without a runtime, one shared default (mode
+    ``zero``) is used. ``on_failure(name)`` is called for
     every failure; the log line with the traceback at most once per ``log_every`` seconds
     per sub-reward name, so a broken judge cannot flood the log. That line opens a window
     of ``log_every`` seconds: the failures within it are counted, and the count is logged
@@ -211,7 +216,13 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return first if first is not None else tb
 
 
-def sub_reward_func(name: str | None = None, sub_weight: float = 1.0) -> Callable[[F], F]:
+@overload
+def sub_reward_func(name: F, sub_weight: float = 1.0) -> F: ...
+@overload
+def sub_reward_func(name: str | None = None, sub_weight: float = 1.0) -> Callable[[F], F]: ...
+def sub_reward_func(
+    name: str | Callable[..., Any] | None = None, sub_weight: float = 1.0
+) -> Callable[..., Any]:
     """Register a method as a sub-reward named ``name`` (default: the method's name)."""
     if callable(name):  # used bare, as ``@sub_reward_func``
         return sub_reward_func()(name)
@@ -231,6 +242,12 @@ def aggregate_func(func: F) -> F:
     return func
 
 
+@overload
+def reward_func(processor_id: C, *, name: str | None = None) -> C: ...
+@overload
+def reward_func(
+    processor_id: str | None = None, *, name: str | None = None
+) -> Callable[[C], C]: ...
 def reward_func(processor_id: Any = None, *, name: str | None = None) -> Any:
     """Make a reward processor out of its sub-rewards; the class needs no ``process``.
 
@@ -249,7 +266,7 @@ def reward_func(processor_id: Any = None, *, name: str | None = None) -> Any:
             raise TypeError(
                 f"@reward_func({given!r}) must decorate an AbstractRewardProcessor class"
             )
-        own = cls.__dict__.get("process")
+        own = cls.__dict__.get(_PROCESS)
         if own is not None and own is not _process_registered:
             log.warning(
                 "%s defines process(), but @reward_func serves its sub-rewards instead "
@@ -257,7 +274,7 @@ def reward_func(processor_id: Any = None, *, name: str | None = None) -> Any:
                 cls.__name__,
             )
         setattr(cls, _NAME_ATTR, given if given is not None else cls.__name__)
-        cls.process = _process_registered  # type: ignore[attr-defined]
+        setattr(cls, _PROCESS, _process_registered)
         abc.update_abstractmethods(cls)
         setattr(cls, _CACHE_ATTR, _build_registry(cls))  # misuse is reported at import
         return cls
@@ -302,13 +319,18 @@ def _build_registry(cls: type) -> RewardRegistry:
     )
 
 
-def _errors_of(processor: Any) -> SubRewardErrors:
-    errors = getattr(processor, _ERRORS_ATTR, None)
-    if errors is None:
-        errors = SubRewardErrors()
-        with contextlib.suppress(AttributeError):  # a class with __slots__: no rate limit kept
-            setattr(processor, _ERRORS_ATTR, errors)
-    return errors
+# what a sub-reward run where no runtime lends its own reports to
+_UNSERVED = SubRewardErrors()
+
+
+def errors_for(processor: Any) -> SubRewardErrors:
+    """The ``SubRewardErrors`` that a failed sub-reward of ``processor`` reports to now:
+    the runtime's (``dispatch.runtime_services``), else, where no runtime runs it (a test,
+    a script), one shared default (it only rate-limits the log lines)."""
+    services = dispatch.runtime_services.get()
+    if services is not None and services.sub_reward_errors is not None:
+        return services.sub_reward_errors
+    return _UNSERVED
 
 
 class InvalidSubRewardOutput(TypeError):
@@ -403,7 +425,7 @@ async def _process_registered(self: Any, input_data: RewardInput) -> Any:
     failed = [name for name in outputs if results[name].detail is not None]
     scale: float | None = None  # renormalising: the factor of the weights left
     if failed:
-        errors = _errors_of(self)
+        errors = errors_for(self)
         messages = [_reported(errors, self, name, results[name]) for name in failed]
         if errors.mode == "renormalize":
             if len(failed) < len(outputs):  # an aggregate weighs them itself

@@ -1,12 +1,11 @@
-import sys
+from runtime.platform.cli import keep_workspace_off_path
 
-from runtime.platform.cli import COMMANDS, keep_workspace_off_path
+# `python -m runtime` puts the current directory first on sys.path: a workspace's
+# yaml.py, httpx/ or processors_base/ would shadow the runtime's own imports. Every
+# command imports the workspace's code only through the loader (which puts the workspace
+# on the path after the runtime's own packages are in), so the directory goes now.
+keep_workspace_off_path()
 
-if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-    # the platform commands import nothing from the workspace: a yaml.py there must not
-    # shadow the client's own imports (serving, by contrast, imports from it)
-    keep_workspace_off_path()
-
-from runtime.cli import main
+from runtime.cli import main  # noqa: E402 (after the path is made safe)
 
 main()

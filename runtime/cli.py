@@ -24,6 +24,7 @@ from runtime.execution.function import Function, ProcessorFailure, RequestError,
 from runtime.execution.loading import Target, TargetError, load_target
 from runtime.logs import bind_secrets, setup_logging, user_traceback
 from runtime.platform import cli as platform_cli
+from runtime.platform.shadowing import workspace_shadows
 
 __all__ = ["main"]
 
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SettingsError as exc:
         _fail(2, f"invalid setting {exc}")
     setup_logging(settings.log_level, settings.log_format)
+    _check_shadowing(settings.workspace)
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:
@@ -182,6 +184,39 @@ def _print_user_traceback(failure: ProcessorFailure, input_data: object) -> None
     """The traceback of the user code that raised (the runtime's frames left out), scrubbed."""
     if failure.__cause__ is not None and failure.code in (PROCESSOR_ERROR, SETUP_FAILED):
         sys.stderr.write(redact(user_traceback(failure.__cause__), input_data))
+
+
+def _check_shadowing(workspace: str) -> None:
+    """Refuse to run on a ``processors_base`` that is not this runtime's own; warn of the
+    workspace's modules that the runtime's packages hide.
+
+    A ``processors_base`` found before the runtime's own (a copy on PYTHONPATH, say) would
+    have the server run on models and a registry it was not written with, so it stops.
+    A workspace's own module of either name is only hidden from the functions (they get the
+    runtime's package: ``python -m runtime`` takes the current directory off ``sys.path``
+    first), which may be harmless (a stray file nothing imports), so a warning names it."""
+    import processors_base
+    import runtime
+
+    home = Path(runtime.__path__[0]).resolve().parent
+    imported = Path(processors_base.__file__ or "").resolve()
+    if imported.parent != home / "processors_base":
+        _fail(
+            2,
+            f"processors_base was imported from {imported}, not from this runtime's own "
+            f"installation ({home}): a module of that name earlier on sys.path (PYTHONPATH, "
+            "say) shadows it; start the agentic-rl-runtime command instead, or rename the "
+            "module",
+        )
+    hidden = workspace_shadows(Path(workspace))
+    if hidden:
+        logging.getLogger("runtime.startup").warning(
+            "the workspace %s has %s, named as the runtime's own packages: the functions "
+            "importing that name get the runtime's package, not it (and a runtime.py there "
+            "would run in place of `python -m runtime`); rename it",
+            Path(workspace).resolve(),
+            " and ".join(hidden),
+        )
 
 
 def _serve(settings: Settings) -> None:

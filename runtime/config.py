@@ -303,13 +303,14 @@ def add_options(parser: argparse.ArgumentParser, names: tuple[str, ...] | None =
         default = getattr(_DEFAULTS, option.dest)
         env = " or ".join(option.env)
         shown = "from the class" if default is None else _show(default, option)
+        bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.bare else {}
         parser.add_argument(
             option.flag,
             dest=option.dest,
             default=None,
             metavar=option.metavar,
             help=f"{option.help} [env {env}; default {shown}]",
-            **({"nargs": "?", "const": "true"} if option.bare else {}),
+            **bare,
         )
 
 

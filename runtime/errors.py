@@ -1,9 +1,9 @@
 """Stable machine codes of every error the runtime answers with, and the JSON body.
 
 Every error body carries ``status: "failed"``, a human ``error`` message, an
-``error_code`` from this list (the README's error table mirrors it), ``detail`` (one
-entry per offending field for INVALID_INPUT, else the message again: where FastAPI-style
-clients look) and ``message`` (the message again: where the SDK's clients look). A 500
+``error_code`` from this list (docs/serving.md's error table is generated from it),
+``detail`` (one entry per offending field for INVALID_INPUT, else the message again: where
+FastAPI-style clients look) and ``message`` (the message again: where the SDK's clients look). A 500
 or 504 body also has the function's output shape (see ``Function.failure``).
 """
 

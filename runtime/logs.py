@@ -33,6 +33,7 @@ import secrets
 import sys
 import threading
 import traceback
+from collections.abc import MutableMapping
 from contextvars import ContextVar, Token
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "bind_input",
     "bind_request",
     "bind_secrets",
+    "drain",
     "logging_settings",
     "quiet_libraries",
     "setup_logging",
@@ -62,6 +64,7 @@ __all__ = [
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _listener: logging.handlers.QueueListener | None = None
+_drained = False  # the listener has stopped (drain): it cannot be stopped twice
 _settings: tuple[str, str] | None = None  # (level, format) this process logs with
 _MAX_TEXT = 16_000  # characters of a record's message, and of its traceback; the middle is cut
 ID_LIMIT = 128  # characters of one id in a request line
@@ -118,6 +121,15 @@ def quiet_libraries(level: int) -> None:
         logging.getLogger(name).setLevel(quiet)
 
 
+def drain() -> None:
+    """Write every line queued so far and stop the writer thread: for a process about to
+    end by ``os._exit``, which runs no exit hooks. Lines logged after it are lost."""
+    global _drained
+    if _listener is not None and not _drained:
+        _drained = True
+        _listener.stop()
+
+
 def setup_logging(level: str, log_format: str = "text") -> None:
     """Route every logger (ours, the user's, uvicorn's) through one queued stderr handler."""
     global _listener, _settings
@@ -131,7 +143,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         _listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
         _listener.start()
-        atexit.register(_listener.stop)
+        atexit.register(drain)
         handler = _Queued(records)
         handler.addFilter(_Redact())
         root = logging.getLogger()
@@ -265,8 +277,9 @@ def _valid_utf8(value: Any) -> Any:
 
 
 def _machinery() -> tuple[str, ...]:
-    paths = [Path(m.__file__).parent for m in (runtime, processors_base, anyio, asyncio)]
-    paths.append(Path(concurrent.futures.__file__).parent)
+    modules = (runtime, processors_base, anyio, asyncio, concurrent.futures)
+    # a module's __file__ is None only for a namespace package, which these are not
+    paths = [Path(m.__file__).parent for m in modules if m.__file__ is not None]
     return (*(f"{p}/" for p in paths), threading.__file__)
 
 
@@ -319,7 +332,7 @@ class RequestLog:
 
     def answered(
         self,
-        scope: dict[str, Any],
+        scope: MutableMapping[str, Any],
         status: int,
         elapsed: float,
         code: str = "",
@@ -336,7 +349,7 @@ class RequestLog:
 
     def failure(
         self,
-        scope: dict[str, Any],
+        scope: MutableMapping[str, Any],
         status: int,
         elapsed: float,
         code: str,
@@ -383,7 +396,7 @@ class RequestLog:
         )
 
     def success(
-        self, scope: dict[str, Any], elapsed: float, input_data: BaseDataModel | None
+        self, scope: MutableMapping[str, Any], elapsed: float, input_data: BaseDataModel | None
     ) -> None:
         slow = elapsed >= self._slow
         ids = _ids(scope, input_data)
@@ -408,7 +421,7 @@ class RequestLog:
         )
 
 
-class _UserError(tuple):  # type: ignore[type-arg]
+class _UserError(tuple[type[BaseException], BaseException, TracebackType | None]):
     """An exc_info whose traceback is shown as user code's (see user_traceback)."""
 
     def __new__(cls, error: BaseException) -> _UserError:
@@ -433,7 +446,7 @@ def _fresh_prefix() -> None:  # a forked child counts on its own
 os.register_at_fork(after_in_child=_fresh_prefix)
 
 
-def _ids(scope: dict[str, Any], input_data: BaseDataModel | None) -> dict[str, str]:
+def _ids(scope: MutableMapping[str, Any], input_data: BaseDataModel | None) -> dict[str, str]:
     """The request's ids, each cut to ID_LIMIT characters (before it is scrubbed, a margin
     past the cut with it: no secret the cut splits keeps a part) and escaped onto one line.
     A request without an id header gets a request_id made for it, the same on all its lines

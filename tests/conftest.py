@@ -1,4 +1,10 @@
-"""Fixtures that start the real server as a subprocess and talk HTTP to it."""
+"""Fixtures that start the real server as a subprocess and talk HTTP to it.
+
+The tests live in a folder per subject (serving/, execution/, tracing/, ...) with no
+``__init__.py``: pytest imports each by its file name, so every test file's name is unique,
+and ``from conftest import ...`` and ``from helpers import ...`` (this folder's shared
+functions) work from any of them. Run under pytest-xdist (pyproject's addopts), each worker
+has its own process mark and temp folder below."""
 
 from __future__ import annotations
 
@@ -13,9 +19,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from otlp_receiver import OTLPReceiver
+    from platform_standin import PlatformStandIn
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -28,10 +39,20 @@ SPEC_EXAMPLES = TESTS / "data" / "spec_examples"
 # is found by its environment even after its parent is gone and it was reparented. A helper
 # a test starts that imports this module (tests/platform_standin.py) keeps the mark it
 # inherited, so that what the helper starts is found too.
-os.environ.setdefault("RL_FN_TEST_RUN", uuid.uuid4().hex[:8])
+# Under pytest-xdist the workers inherit the controller's mark: each one makes it its own,
+# so that its leak checks never count or kill what another worker's tests started.
+_run = os.environ.setdefault("RL_FN_TEST_RUN", uuid.uuid4().hex[:8])
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _worker and not _run.endswith(f"-{_worker}"):
+    os.environ["RL_FN_TEST_RUN"] = f"{_run}-{_worker}"
 RUN_MARK = f"RL_FN_TEST_RUN={os.environ['RL_FN_TEST_RUN']}"
 # TMPDIR of the servers the tests start: whatever is left in it was not cleaned up.
 SERVER_TMP = ROOT / ".pytest_cache" / "tmp" / RUN_MARK.split("=", 1)[1]
+
+
+# How long a server may take to start before a test gives up on it: a few seconds alone, far
+# more with parallel workers on a busy machine. A bound on a wait, never on the behaviour.
+STARTUP = 120
 
 
 def free_port() -> int:
@@ -40,7 +61,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -51,7 +72,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def alive(pid: int) -> bool:
     """Running, not merely a zombie waiting for its parent to reap it."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
@@ -59,7 +80,7 @@ def descendants(pid: int) -> set[int]:
     """Live processes below ``pid`` (Linux /proc)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None:
             parents.setdefault(int(fields[1]), []).append(int(entry.name))
     found: set[int] = set()
     todo = [pid]
@@ -122,7 +143,7 @@ def _no_process_or_file_left() -> Iterator[None]:
     before = set(marked_processes())
     files = {e.name for e in SERVER_TMP.iterdir()} if SERVER_TMP.exists() else set()
     yield
-    problems = _left_behind(before, files, timeout=15)
+    problems = _left_behind(before, files, timeout=30)
     if problems:
         pytest.fail("left behind (now cleaned up):\n" + "\n".join(problems), pytrace=False)
 
@@ -132,7 +153,7 @@ def _nothing_left_at_the_end() -> Iterator[None]:
     """Also after module- and session-scoped servers: the whole run leaves nothing behind."""
     SERVER_TMP.mkdir(parents=True, exist_ok=True)
     yield
-    problems = _left_behind(set(), set(), timeout=15)
+    problems = _left_behind(set(), set(), timeout=30)
     shutil.rmtree(SERVER_TMP, ignore_errors=True)
     if problems:
         pytest.fail("left behind (now cleaned up):\n" + "\n".join(problems), pytrace=False)
@@ -172,7 +193,7 @@ class Server:
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
-    def wait_listening(self, timeout: float = 20) -> None:
+    def wait_listening(self, timeout: float = STARTUP) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -184,7 +205,7 @@ class Server:
                 time.sleep(0.05)
         raise AssertionError(f"server did not listen within {timeout}s:\n{self.output()}")
 
-    def wait_ready(self, timeout: float = 20) -> None:
+    def wait_ready(self, timeout: float = STARTUP) -> None:
         deadline = time.monotonic() + timeout
         self.wait_listening(timeout)
         while time.monotonic() < deadline:
@@ -202,7 +223,7 @@ class Server:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_output(self, text: str, count: int = 1, timeout: float = 20) -> str:
+    def wait_output(self, text: str, count: int = 1, timeout: float = 60) -> str:
         """The log once ``text`` appears ``count`` times: lines are written by a background
         thread of the server, so they may trail the response they are about."""
         deadline = time.monotonic() + timeout
@@ -212,7 +233,7 @@ class Server:
             time.sleep(0.05)
         return output
 
-    def terminate(self, timeout: float = 30) -> int:
+    def terminate(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
@@ -232,6 +253,14 @@ class Server:
         self.client.close()
         self._log.close()
         self.log_path.unlink(missing_ok=True)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers a usable CPU. Most of a test's time is spent waiting on the
+    servers and CLIs it starts, so a worker per CPU leaves the CPUs half idle."""
+    if wanted := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(wanted)
+    return 2 * len(os.sched_getaffinity(0))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -270,3 +299,33 @@ def reward_body(messages: int = 1, **extra: object) -> dict:
             "rollout_extra": extra or None,
         },
     }
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A copy of the sample workspace, to change or to package."""
+    return Path(
+        shutil.copytree(SAMPLES, tmp_path / "ws", ignore=shutil.ignore_patterns("__pycache__"))
+    )
+
+
+@pytest.fixture
+def platform() -> Iterator[PlatformStandIn]:
+    """The stand-in platform; after the test, every instance it started is stopped and its
+    files are removed."""
+    from platform_standin import PlatformStandIn  # it imports this module
+
+    with PlatformStandIn() as standin:
+        yield standin
+    for instance in standin.started:
+        assert instance.process.poll() is not None
+        assert not Path(instance.directory.name).exists()
+
+
+@pytest.fixture
+def receiver() -> Iterator[OTLPReceiver]:
+    """An OTLP/HTTP receiver on a free port, keeping the spans it is sent."""
+    from otlp_receiver import OTLPReceiver
+
+    with OTLPReceiver(free_port()) as running:
+        yield running

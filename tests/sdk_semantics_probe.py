@@ -1,5 +1,5 @@
 """Observe how ``@reward_func`` processors behave, written only against the SDK's import
-paths; prints one JSON object. Run by tests/test_sdk_semantics.py with the real SDK
+paths; prints one JSON object. Run by tests/compat/test_sdk_semantics.py with the real SDK
 (``DASHSCOPE_PYTHON``) and with this runtime's alias, so the two can be compared."""
 
 from __future__ import annotations

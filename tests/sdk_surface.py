@@ -7,7 +7,7 @@
 
 A module's public names are its ``__all__``; where it has none, the names it defines
 itself (classes and functions whose ``__module__`` is the module) plus its plain constants.
-Modules with a private segment (``_core``) are left out. ``tests/test_sdk_compat.py``
+Modules with a private segment (``_core``) are left out. ``tests/compat/test_sdk_compat.py``
 asserts full coverage and, where the SDK can be run, that the snapshot is current.
 """
 

@@ -21,7 +21,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider
@@ -29,6 +29,8 @@ from processors_base.observability._core import active_provider
 __all__ = ["observe_llm", "trace_client", "untrace_client"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 _MARK = "__rl_traced__"
 _log = logging.getLogger("processors_base.observability")
 _WARNED: set[str] = set()  # the types trace_client has warned about
@@ -279,7 +281,7 @@ async def _async_generator(
         state.finish()
 
 
-def _sync_stream_class(base: type) -> type:
+def _sync_stream_class(base: type[Any]) -> type:
     def __next__(self: Any) -> Any:
         state = self._rl_stream_state
         try:
@@ -324,7 +326,7 @@ def _sync_stream_class(base: type) -> type:
     return type(base.__name__, (base,), namespace)
 
 
-def _async_stream_class(base: type) -> type:
+def _async_stream_class(base: type[Any]) -> type:
     async def __anext__(self: Any) -> Any:
         state = self._rl_stream_state
         try:
@@ -372,6 +374,32 @@ def _async_stream_class(base: type) -> type:
 # --- a function of your own -------------------------------------------------------------
 
 
+@overload
+def observe_llm(
+    func: Callable[P, R],
+    /,
+    *,
+    provider: str = "custom",
+    request_model_arg: str = "model",
+    messages_arg: str = "messages",
+    prompt_arg: str = "prompt",
+    result_mapper: Callable[[Any, Any], None] | None = None,
+    handler: Any = None,
+    tracer_provider: Any = None,
+) -> Callable[P, R]: ...
+@overload
+def observe_llm(
+    func: None = None,
+    /,
+    *,
+    provider: str = "custom",
+    request_model_arg: str = "model",
+    messages_arg: str = "messages",
+    prompt_arg: str = "prompt",
+    result_mapper: Callable[[Any, Any], None] | None = None,
+    handler: Any = None,
+    tracer_provider: Any = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def observe_llm(
     func: Callable[..., Any] | None = None,
     /,

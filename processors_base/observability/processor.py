@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -37,6 +37,9 @@ __all__ = [
     "record_output",
     "runtime_opens_processor_spans",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # The key OpenTelemetry keeps the current span under (read through its public API).
 SPAN_KEY = next(iter(set_span_in_context(INVALID_SPAN, Context())))
@@ -118,6 +121,14 @@ def record_output(span: Span, output: Any) -> None:
         span.set_attribute("agentic_rl.output", capture(output))
 
 
+@overload
+def observe_processor(
+    func: Callable[P, R], /, *, tracer_provider: Any = None, **_options: Any
+) -> Callable[P, R]: ...
+@overload
+def observe_processor(
+    func: None = None, /, *, tracer_provider: Any = None, **_options: Any
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def observe_processor(
     func: Callable[..., Any] | None = None, /, *, tracer_provider: Any = None, **_options: Any
 ) -> Any:

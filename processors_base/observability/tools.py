@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 from processors_base.observability import _spans
 from processors_base.observability._core import active_provider, capture, capture_enabled, handler
@@ -27,6 +27,8 @@ from processors_base.observability._core import active_provider, capture, captur
 __all__ = ["observe_tool", "trace_tool"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 _MARK = "__rl_traced__"
 _log = logging.getLogger(__name__)
 _warned_types: set[type] = set()
@@ -157,6 +159,26 @@ def _wrap_method(
     return traced
 
 
+@overload
+def observe_tool(
+    func: Callable[P, R],
+    /,
+    *,
+    name: str | None = None,
+    provider: str | None = None,
+    handler: Any = None,
+    tracer_provider: Any = None,
+) -> Callable[P, R]: ...
+@overload
+def observe_tool(
+    func: None = None,
+    /,
+    *,
+    name: str | None = None,
+    provider: str | None = None,
+    handler: Any = None,
+    tracer_provider: Any = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def observe_tool(
     func: Callable[..., Any] | None = None,
     /,

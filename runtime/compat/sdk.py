@@ -46,7 +46,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, NoReturn
 
 from processors_base import models
@@ -88,7 +88,7 @@ def _parent_getattr(module_name: str) -> Any:
 def _importing_the_subtree() -> bool:
     """Whether an import of ``dashscope.finetune`` or below is under way: the import
     system's own frames hold the name being imported."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "importlib._bootstrap":
             name = frame.f_locals.get("name")
@@ -138,11 +138,13 @@ class _SdkAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         if module.__name__ in _PARENTS:
             getattr_ = _beside_real_getattr if self.beside_real else _parent_getattr
-            module.__getattr__ = getattr_(module.__name__)  # type: ignore[attr-defined]
+            # the module's namespace, as an assignment would (ModuleType types __getattr__
+            # as a method, which cannot be assigned)
+            module.__dict__["__getattr__"] = getattr_(module.__name__)
             return
         names = exports(module.__name__)
         module.__dict__.update(names)
-        module.__all__ = sorted(names)
+        module.__dict__["__all__"] = sorted(names)
 
 
 def _beside_real_getattr(module_name: str) -> Any:

@@ -42,7 +42,7 @@ class ImageError(Exception):
 
 def source_root() -> Path:
     """The runtime's source tree (a checkout or an editable install), with its Dockerfile."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # runtime/deploy/images.py -> the tree
     if not (root / "Dockerfile").is_file() or not (root / "pyproject.toml").is_file():
         raise ImageError(
             f"no Dockerfile and pyproject.toml beside the runtime in {root}: building images "

@@ -36,12 +36,11 @@ from typing import Any
 
 from runtime.config import Settings
 from runtime.logs import quiet_libraries
+from runtime.serving.health import Health
 
 __all__ = ["serve_on_ray"]
 
 log = logging.getLogger("runtime")
-
-_STARTING = "starting"
 
 
 def serve_on_ray(settings: Settings) -> int:
@@ -244,7 +243,7 @@ class FunctionReplica:
         if app is None:
             raise RuntimeError("the function is not built")
         status, reason = app.health()
-        if status != "healthy":
+        if status is not Health.READY:
             raise RuntimeError(f"the function is {status}" + (f": {reason}" if reason else ""))
 
 
@@ -264,7 +263,7 @@ class _StartedWhenReady:
 
         async def send_when_ready(message: dict[str, Any]) -> None:
             if message["type"] == "lifespan.startup.complete":
-                while self.app.state == _STARTING and not failed.is_set():
+                while self.app.state == Health.STARTING and not failed.is_set():
                     await asyncio.sleep(0.05)
                 if failed.is_set():
                     message = {"type": "lifespan.startup.failed", "message": "setup() failed"}
@@ -289,7 +288,7 @@ def _packages() -> list[str]:
     import processors_base
     import runtime
 
-    return [str(Path(p.__file__).parent) for p in (runtime, processors_base)]
+    return [str(Path(p.__path__[0])) for p in (runtime, processors_base)]  # their directories
 
 
 class _Stopped(BaseException):

@@ -21,7 +21,7 @@ import functools
 import json
 from collections.abc import Callable
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import SchemaSerializer
@@ -99,9 +99,13 @@ def strict_serializer(model: type[BaseModel]) -> SchemaSerializer:
     """``model``'s serialiser, writing NaN and Infinity as such (not as ``null``) so that
     ``constant_in`` can find them; the model's own one if it cannot be derived."""
     try:
-        config = ConfigDict(**model.model_config, ser_json_inf_nan="constants")  # type: ignore[typeddict-item]
-        strict = type(
-            model.__name__, (model,), {"model_config": config, "__module__": model.__module__}
+        config = ConfigDict(**model.model_config, ser_json_inf_nan="constants")
+        # type()'s three-argument form is typed as returning a bare `type`: here a subclass
+        strict = cast(
+            "type[BaseModel]",
+            type(
+                model.__name__, (model,), {"model_config": config, "__module__": model.__module__}
+            ),
         )
         return strict.__pydantic_serializer__
     except Exception:

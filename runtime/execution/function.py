@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,7 @@ from processors_base.rewards import InvalidSubRewardOutput, SubRewardErrors
 from runtime import errors
 from runtime.execution.finite import constant_in, finder_for, strict_serializer
 from runtime.execution.loading import Target
-from runtime.execution.offload import ProcessOffload, ThreadOffload, UserThreads
+from runtime.execution.offload import ProcessOffload, ThreadOffload, UserThreads, run_user_code
 
 __all__ = ["Function", "ProcessorFailure", "RequestError", "invalid_input"]
 
@@ -48,15 +48,6 @@ class ProcessorFailure(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-async def run_user_code(
-    func: Callable[..., Any], *args: Any, threads: UserThreads | None = None
-) -> Any:
-    """Await async user code on the loop; run sync user code in the bounded thread pool."""
-    return await dispatch.call_function(
-        func, *args, run_sync=threads.run_hook if threads is not None else None
-    )
 
 
 class Function:
@@ -93,20 +84,25 @@ class Function:
         self._to_json = strict_serializer(self.output_model).to_json
         # How a failed sub-reward counts (see processors_base.rewards); the app adds its counter.
         self.sub_reward_errors = SubRewardErrors(sub_reward_errors)
-        with contextlib.suppress(AttributeError):
-            self.processor._runtime_sub_reward_errors = self.sub_reward_errors
         self._isolation = isolation
         self._processes = processes
         self.threads = UserThreads(threads)  # sync user code only; never runtime internals
-        self.offload: ThreadOffload | ProcessOffload = ThreadOffload(self.processor, self.threads)
-        self._attach(self.offload)
+        self._attach(ThreadOffload(self.processor, self.threads))
 
     def _attach(self, offload: ThreadOffload | ProcessOffload) -> None:
-        # Sync sub-rewards and aggregates reach the same offload through the instance
-        # (see processors_base.rewards); a class with __slots__ keeps the thread default.
+        # Sync sub-rewards and aggregates reach the same offload, and the sub-reward error
+        # policy, through the context of each call of user code (dispatch.runtime_services).
         self.offload = offload
-        with contextlib.suppress(AttributeError):
-            self.processor._runtime_offload = offload
+        self.services = dispatch.Services(offload, self.sub_reward_errors)
+
+    @contextlib.contextmanager
+    def _lent(self) -> Iterator[None]:
+        """The runtime's services lent to the user code called in this block."""
+        token = dispatch.runtime_services.set(self.services)
+        try:
+            yield
+        finally:
+            dispatch.runtime_services.reset(token)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -115,19 +111,19 @@ class Function:
         setup = getattr(self.processor, "setup", None)
         try:
             if self._isolation == "process":
-                self._attach(
-                    ProcessOffload(
-                        self.target.spec,
-                        str(self.target.workspace),
-                        self.func_type.value,
-                        self._processes or usable_cpus(),
-                    )
+                offload = ProcessOffload(
+                    self.target.spec,
+                    str(self.target.workspace),
+                    self.func_type.value,
+                    self._processes or usable_cpus(),
                 )
-                await self.offload.ready()
+                self._attach(offload)
+                await offload.ready()
                 if not self._process_is_async:
                     return  # all of process() runs in the children: no setup() here
             if setup is not None:
-                await run_user_code(setup, threads=self.threads)
+                with self._lent():
+                    await run_user_code(setup, threads=self.threads)
         except BaseException as exc:  # sys.exit() in setup() is a failed setup too
             if _cancelled(exc):
                 raise
@@ -140,7 +136,8 @@ class Function:
         try:
             shutdown = getattr(self.processor, "shutdown", None)  # the SDK's bases have none
             if run_hook and shutdown is not None:
-                await run_user_code(shutdown, threads=self.threads)
+                with self._lent():
+                    await run_user_code(shutdown, threads=self.threads)
         finally:
             close_executor = getattr(self.processor, "close_executor", None)
             if close_executor is not None:  # a shutdown() override may not call super()
@@ -190,6 +187,7 @@ class Function:
 
     async def call(self, input_data: BaseDataModel) -> Any:
         """Run the processor on one input; what it returned, or ProcessorFailure."""
+        token = dispatch.runtime_services.set(self.services)  # (inline: every request's path)
         try:
             result = await dispatch.call(self.processor, "process", input_data, self.offload)
         except InvalidSubRewardOutput as exc:  # a sub-reward returned None (a missing return)
@@ -201,17 +199,19 @@ class Function:
             message = errors.describe(exc)
             message = redact_message(message, input_data)
             raise ProcessorFailure(errors.PROCESSOR_ERROR, message) from exc
+        finally:
+            dispatch.runtime_services.reset(token)
         return result
 
     def serialise(self, result: Any) -> bytes:
-        result = self.validated(result)
+        output = self.validated(result)
         try:
             to_json = (
                 self._to_json
-                if type(result) is self.output_model
-                else strict_serializer(type(result)).to_json  # a subclass of it
+                if type(output) is self.output_model
+                else strict_serializer(type(output)).to_json  # a subclass of it
             )
-            data = to_json(result)
+            data = to_json(output)
         except Exception as exc:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT, f"output of process() is not serialisable: {exc}"

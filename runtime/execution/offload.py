@@ -23,7 +23,6 @@ anyway is rebuilt.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -37,9 +36,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from processors_base import dispatch
+from runtime.execution.handoff import HandOff
 from runtime.logs import bind_input, bind_secrets, logging_settings, setup_logging
 
-__all__ = ["CrossedError", "ProcessOffload", "ThreadOffload", "UserThreads"]
+__all__ = ["CrossedError", "ProcessOffload", "ThreadOffload", "UserThreads", "run_user_code"]
 
 log = logging.getLogger("runtime")
 
@@ -63,8 +64,9 @@ def crossed(name: str, module: str, message: str, traceback_text: str) -> Crosse
         cls = _crossed_types[key] = type(name, (CrossedError,), {"__module__": module})
     error = cls(message)
     error.remote_traceback = traceback_text
-    if traceback_text:
-        error.add_note(traceback_text.rstrip())
+    add_note = getattr(error, "add_note", None)  # Python 3.10 has none: remote_traceback only
+    if traceback_text and add_note is not None:
+        add_note(traceback_text.rstrip())
     return error
 
 
@@ -109,8 +111,7 @@ class UserThreads:
     def __init__(self, size: int) -> None:
         self.size = size
         self.stuck = 0
-        self._free = size
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._tokens = HandOff(size)
         self._jobs: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         self._threads = 0
@@ -122,12 +123,8 @@ class UserThreads:
         """``func(*args)`` in a thread. ``token=False`` is for the once-only hooks (setup,
         shutdown): they run even when every thread is stuck, in one more thread."""
         loop = asyncio.get_running_loop()
-        if not token:
-            pass
-        elif self._free:
-            self._free -= 1  # the common case: no waiting, no checkpoint
-        else:
-            await self._wait_token(loop)
+        if token and not self._tokens.take_now():  # the common case takes one: no checkpoint
+            await self._tokens.take()
         call = _Call(  # in the caller's context: its span, baggage and secrets to redact
             contextvars.copy_context().run,
             (func, *args),
@@ -151,7 +148,7 @@ class UserThreads:
                 elif state == _RUNNING:
                     call.state = _ABANDONED
             if state == _QUEUED and call.token:
-                self._give_token()
+                self._tokens.give()
             elif state == _RUNNING:
                 self.stuck += 1
                 log.warning(
@@ -166,26 +163,6 @@ class UserThreads:
 
     async def run_hook(self, func: Callable[..., Any], *args: Any) -> Any:
         return await self.run(func, *args, token=False)
-
-    async def _wait_token(self, loop: asyncio.AbstractEventLoop) -> None:
-        waiter = loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._give_token()  # handed over just as we were cancelled: pass it on
-            elif waiter in self._waiters:  # (a release may have dropped it already)
-                self._waiters.remove(waiter)
-            raise
-
-    def _give_token(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free += 1
 
     def _work(self) -> None:
         jobs, lock, idle = self._jobs, self._lock, self._idle
@@ -218,7 +195,7 @@ class UserThreads:
 
     def _finished(self, call: _Call, abandoned: bool, result: Any, error: Any) -> None:
         if call.token:
-            self._give_token()
+            self._tokens.give()
         if abandoned:
             self.stuck -= 1
             log.warning(
@@ -229,6 +206,16 @@ class UserThreads:
                 call.future.set_exception(error)
             else:
                 call.future.set_result(result)
+
+
+async def run_user_code(
+    func: Callable[..., Any], *args: Any, threads: UserThreads | None = None
+) -> Any:
+    """Await async user code on the loop; run sync user code in ``threads`` (as a once-only
+    hook: see ``UserThreads.run``), or without them in anyio's worker threads."""
+    return await dispatch.call_function(
+        func, *args, run_sync=threads.run_hook if threads is not None else None
+    )
 
 
 class ThreadOffload:
@@ -277,7 +264,6 @@ def _child_init(
     try:
         import anyio
 
-        from runtime.execution.function import run_user_code
         from runtime.execution.loading import load_target
 
         target = load_target(spec, workspace, func_type)

@@ -470,16 +470,17 @@ def _read_input(text: str) -> Any:
 
 
 def _test_function(args: argparse.Namespace, reporter: Any) -> int:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from processors_base import models
     from runtime.platform.answers import problems
 
-    input_model, output_model = {
+    pairs: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
         "rollout": (models.RolloutInput, models.RolloutOutput),
         "reward": (models.RewardInput, models.RewardOutput),
         "group_reward": (models.GroupRewardInput, models.GroupRewardOutput),
-    }[args.type]
+    }
+    input_model, output_model = pairs[args.type]
     payload = _read_input(args.input)
     if not isinstance(payload, dict):
         raise UsageError("the input must be a JSON object")

@@ -272,8 +272,9 @@ def _check_depth(text: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > _MAX_DEPTH:
-                line = event.start_mark.line + 1
-                raise ConfigError(f"line {line}: nested more than {_MAX_DEPTH} levels deep")
+                mark = event.start_mark  # the parser sets it; the stubs allow None
+                where = f"line {mark.line + 1}: " if mark is not None else ""
+                raise ConfigError(f"{where}nested more than {_MAX_DEPTH} levels deep")
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
@@ -323,8 +324,11 @@ def _lines(node: yaml.Node, prefix: tuple[str | int, ...], out: dict, seen: set[
                         f"(first on line {first[key.value]})"
                     )
                 first[key.value] = line
-                _lines(value, (*prefix, key.value), out, seen)
-                out[(*prefix, key.value)] = line
+                # named, not written in the subscript: mypy reads `out[(*a, b)]` as 3.11's
+                # star-in-subscript syntax (it is a tuple display, valid on 3.10)
+                path = (*prefix, key.value)
+                _lines(value, path, out, seen)
+                out[path] = line
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _lines(item, (*prefix, index), out, seen)

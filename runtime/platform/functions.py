@@ -155,12 +155,25 @@ def check_imports(components: list[Component], reporter: Reporter) -> None:
                 _import_in(Path(unpacked), group, "the package")
 
 
+# Not `-m`, which puts the current directory (the workspace) first on sys.path before the
+# runtime is imported: a workspace runtime.py (which --server sdk may ship) would run in its
+# place. The check puts the workspace on sys.path itself once the runtime is imported, as
+# serve does.
+_IMPORT_CHECK = (
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "from runtime.platform.importcheck import main\n"
+    "main()\n"
+)
+
+
 def _import_in(root: Path, group: list[Component], where: str) -> None:
     targets = [[c.target, str(root), c.kind] for c in group]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # write nothing into the workspace
     done = subprocess.run(
-        [sys.executable, "-m", "runtime.platform.importcheck", json.dumps(targets)],
+        [sys.executable, "-c", _IMPORT_CHECK, json.dumps(targets)],
         cwd=root,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""``python -m runtime.platform.importcheck SPECS_JSON``: import targets as ``serve`` would.
+"""``main()`` with SPECS_JSON as its argument: import targets as ``serve`` would.
 
 Run in a clean subprocess before anything is uploaded, so that a typo or a missing
 dependency fails in a second and the packaging process's own imports cannot mask it.

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from runtime.platform.shadowing import shadowed_package
+
 __all__ = [
     "DEFAULT_EXCLUDES",
     "Package",
@@ -300,7 +302,7 @@ def _runtime_files() -> list[tuple[str, Path]]:
 
     found = []
     for package in (runtime, processors_base):
-        root = Path(package.__file__).resolve().parent
+        root = Path(package.__path__[0]).resolve()  # the package's directory
         for path in root.rglob("*.py"):
             if "__pycache__" not in path.parts:
                 found.append((path.relative_to(root.parent).as_posix(), path))
@@ -423,11 +425,15 @@ def build_package(
             )
         entries[extra.name] = extra
     if server != "sdk":
-        clash = sorted(n for n in entries if n.split("/")[0] in ("runtime", "processors_base"))
+        # start.sh runs `python -m runtime serve` from the top of the package, where the
+        # runtime's sources go: a workspace module of the same name would be run instead
+        clash = sorted({name.split("/")[0] for name in entries if shadowed_package(name)})
         if clash:
+            named = ", ".join(c if "." in c else f"{c}/" for c in clash)
             raise PackagingError(
-                f"the workspace has its own {clash[0].split('/')[0]}/, which would shadow "
-                "the runtime's sources in the package; rename it, or use --server sdk"
+                f"the workspace has {named} at its top, which would shadow the runtime's "
+                "sources in the package (its start.sh, `python -m runtime serve`, would import "
+                "that instead of them): rename it, or use --server sdk"
             )
         entries.update(dict(_runtime_files()))
     check_environment()

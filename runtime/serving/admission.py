@@ -10,8 +10,7 @@ task ignores its cancellation).
 
 from __future__ import annotations
 
-import asyncio
-import collections
+from runtime.execution.handoff import HandOff
 
 __all__ = ["PARSED_FLOOR", "PARSE_COSTS", "Admission", "parsed_extra", "scan_above"]
 
@@ -43,8 +42,12 @@ class Admission:
         self.max_buffered = max_buffered  # body bytes held at once (0: no budget)
         self.buffered = 0
         self.admitted = 0  # processing, waiting for a slot, or still sending its body
-        self.in_flight = 0  # holding a slot
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._slots = HandOff(concurrency)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a slot."""
+        return self.concurrency - self._slots.free
 
     @property
     def queued(self) -> int:
@@ -74,27 +77,11 @@ class Admission:
         self.admitted -= 1
 
     async def acquire_slot(self) -> None:
-        if self.in_flight < self.concurrency and not self._waiters:
-            self.in_flight += 1  # the common case: no checkpoint, no waiting
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter  # release_slot() hands its slot over: in_flight stays counted
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release_slot()  # handed over just as we were cancelled: pass it on
-            elif waiter in self._waiters:  # (a release may have dropped it already)
-                self._waiters.remove(waiter)
-            raise
+        if not self._slots.take_now():  # the common case takes one: no checkpoint
+            await self._slots.take()  # in line; release_slot() hands its slot over
 
     def release_slot(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self.in_flight -= 1
+        self._slots.give()
 
 
 def scan_above(costs: tuple[int, int, int], floor: int) -> int:

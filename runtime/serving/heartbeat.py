@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from multiprocessing.context import SpawnContext
 
-__all__ = ["STOPPED", "Heartbeat"]
+from runtime.serving.health import Health
 
-STOPPED = "stopped"  # a worker's last beat once its server has stopped: silence is no block
+__all__ = ["Heartbeat"]
 
 
 class Heartbeat:
@@ -21,26 +21,26 @@ class Heartbeat:
     delay a decision by a tick."""
 
     INTERVAL = 0.25  # seconds between beats
-    STATES = ("starting", "healthy", "draining", "unhealthy", "stopped")
+    STATES = tuple(Health)  # a state's index is what shared memory holds
 
     def __init__(self, context: SpawnContext) -> None:
         self._stamp = context.RawValue(ctypes.c_double, 0.0)
         self._state = context.RawValue(ctypes.c_int, 0)
         self._was_ready = context.RawValue(ctypes.c_bool, False)
 
-    def beat(self, state: str) -> None:
-        if state == "healthy":  # first: whoever reads "healthy" finds this set too
+    def beat(self, state: Health) -> None:
+        if state == Health.READY:  # first: whoever reads READY finds this set too
             self._was_ready.value = True
         self._state.value = self.STATES.index(state) if state in self.STATES else 0
         self._stamp.value = time.monotonic()  # system-wide clock: comparable across processes
 
     @property
-    def state(self) -> str:
+    def state(self) -> Health:
         return self.STATES[self._state.value]
 
     @property
     def was_ready(self) -> bool:
-        """Whether it has reported "healthy" at least once: a worker may get ready, take a
+        """Whether it has reported READY at least once: a worker may get ready, take a
         request that blocks its loop and be told to stop, all between two looks."""
         return self._was_ready.value
 
@@ -49,7 +49,7 @@ class Heartbeat:
         stamp = self._stamp.value
         return time.monotonic() - stamp if stamp else 0.0
 
-    async def keep_beating(self, state: Callable[[], str]) -> None:
+    async def keep_beating(self, state: Callable[[], Health]) -> None:
         """Run on the worker's event loop: a loop that is blocked stops beating."""
         while True:
             self.beat(state())

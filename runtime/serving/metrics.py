@@ -150,8 +150,8 @@ class _ApiCounts:
         for status, count in sorted(self.by_status.items()):
             labels = [self.func_type, _API_ROUTE, str(status)]
             requests.add_metric(labels, count, self.created[status])
-        for (path, status), (count, created) in sorted(self.unrouted.items()):
-            requests.add_metric([self.func_type, path, str(status)], count, created)
+        for (path, status), (hits, created) in sorted(self.unrouted.items()):
+            requests.add_metric([self.func_type, path, str(status)], hits, created)
         yield requests
         latency = HistogramMetricFamily(*_LATENCY, labels=["func_type"])
         cumulative, total = [], 0
@@ -159,8 +159,8 @@ class _ApiCounts:
             total += count
             cumulative.append((floatToGoString(bound), total))
         latency.add_metric([self.func_type], cumulative, self.sum)
-        labels = {"func_type": self.func_type}  # as prometheus-client's own histogram has it
-        latency.samples.append(Sample(f"{_LATENCY[0]}_created", labels, self._since))
+        own = {"func_type": self.func_type}  # as prometheus-client's own histogram has it
+        latency.samples.append(Sample(f"{_LATENCY[0]}_created", own, self._since))
         yield latency
 
 

@@ -21,18 +21,19 @@ missing and answers every error as the runtime's JSON error body:
   so that liveness stays answerable under a connection flood;
 - a request that is not valid HTTP/1.1 (a bad Content-Length, a smuggling attempt): 400.
 
-An idle keep-alive connection is closed after ``timeout_keep_alive`` seconds, as uvicorn
-does, but with one lazy timer a connection instead of a timer an answer. Answers leave
-through ``runtime.serving.sending``: each connection's transport is wrapped so that its writes go
-out with the event loop's batch, and /api/v1 answers are one message.
+An idle keep-alive connection is closed after ``timeout_keep_alive`` seconds, by uvicorn.
+Answers leave through ``runtime.serving.sending``: each connection's transport is wrapped
+so that its writes go out with the event loop's batch, and /api/v1 answers are one message.
 
 Every rejection is counted (``on_reject``: /metrics by status and code) and logged, at most
 one WARNING line per ``LOG_EVERY`` seconds; a request the app was serving when its
 connection was rejected is marked in its scope (``REJECTED``), so that the app records the
 status the client got. The body has its own deadline and budget, enforced by the app
 (``runtime.serving.app``). This
-relies on uvicorn internals (the parser callbacks, ``cycle``, ``connections``), which is
-why ``pyproject.toml`` bounds uvicorn to the versions tested.
+relies on uvicorn internals (the parser callbacks, each extended and then handed to
+uvicorn's own; ``cycle``, ``connections``, ``pipeline``), which is why ``pyproject.toml``
+bounds uvicorn to the versions tested and tests/serving/test_uvicorn_canaries.py fails
+when a release changes them.
 """
 
 from __future__ import annotations
@@ -42,14 +43,11 @@ import http
 import logging
 import resource
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import httptools
-from uvicorn.protocols.http.flow_control import service_unavailable
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from runtime import errors
 from runtime.serving.sending import WHOLE_RESPONSE, BatchedTransport, WholeResponseCycle, WriteBatch
@@ -133,8 +131,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_timer: asyncio.TimerHandle | None = None
-        self._keep_alive_timer: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = None  # loop time of the last answer, if idle since
         self._in_headers = False  # between a request's first byte and its end of headers
         self._header_count = 0
         self._header_bytes = 0  # request line and headers, as the parser reports them
@@ -162,8 +158,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_timer()
-        if self._keep_alive_timer is not None:
-            self._keep_alive_timer.cancel()
         super().connection_lost(exc)
 
     def eof_received(self) -> None:
@@ -173,7 +167,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.send_held()
 
     def data_received(self, data: bytes) -> None:
-        self._idle_since = None
         whole_read_in_headers = self._in_headers
         super().data_received(data)
         if self._rejection is not None or self.transport.is_closing():
@@ -188,34 +181,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                     self._reject_headers()
         elif self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._arm_read_timer()  # bytes between requests: bounded like a request's headers
-
-    def on_response_complete(self) -> None:
-        # uvicorn's, but for the idle keep-alive timeout: one timer a connection, looked at
-        # when due and re-armed if the connection was busy meanwhile, not a timer an answer
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
-            return
-        self.flow.resume_reading()
-        if self.pipeline:
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
-            return
-        self._idle_since = now = self.loop.time()
-        if self._keep_alive_timer is None:
-            self._keep_alive_timer = self.loop.call_at(
-                now + self.timeout_keep_alive, self._keep_alive_due
-            )
-
-    def _keep_alive_due(self) -> None:
-        self._keep_alive_timer = None
-        idle_since = self._idle_since
-        if idle_since is None or self.transport.is_closing():
-            return  # busy: its next answer arms the timer again
-        due = idle_since + self.timeout_keep_alive
-        if self.loop.time() >= due:
-            self.transport.close()
-        else:
-            self._keep_alive_timer = self.loop.call_at(due, self._keep_alive_due)
 
     def send_400_response(self, msg: str) -> None:
         if self._rejection is not None:
@@ -256,24 +221,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The headers' deadline is armed at the end of this read if they are not complete
         # by then (data_received): most requests arrive whole in one read, and need none.
 
-    # on_url and on_header do what uvicorn's do (the URL gathered; names lowered, headers
-    # listed, 100-continue noted) in the same call as the limits: they run per header.
-
     def on_url(self, url: bytes) -> None:
         self._header_bytes += len(url)
         if self._header_bytes > self.max_header_bytes:
             self._reject_headers(raise_=True)
-        self.url += url
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         self._header_bytes += len(name) + len(value) + 4
         if self._header_count > self.max_headers or self._header_bytes > self.max_header_bytes:
             self._reject_headers(raise_=True)
-        name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
@@ -282,9 +241,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._rejection = self._over_cap()
             self._rejection_kind = (503, errors.OVERLOADED)
             raise _Rejected
-        parser = self.parser
-        upgrade = parser.should_upgrade()
-        if upgrade and self._has_body():
+        if self.parser.should_upgrade() and self._has_body():
             # The parser hands what follows an Upgrade request's headers to the protocol
             # asked for (h2c, as `curl --http2` asks), which is not spoken here: the body
             # would be dropped and the request read as empty.
@@ -295,49 +252,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._rejection = raw_error(400, errors.BAD_REQUEST, message)
             self._rejection_kind = (400, errors.BAD_REQUEST)
             raise _Rejected
-        # uvicorn's (0.54), making our cycle class (which adds the whole-response message)
-        # in place of its own: assigning __class__ afterwards cost a microsecond a request
-        http_version = parser.get_http_version()
-        scope = self.scope
-        scope["method"] = parser.get_method().decode("ascii")
-        if http_version != "1.1":
-            scope["http_version"] = http_version
-        if upgrade and self._should_upgrade():
-            return
-        parsed_url = httptools.parse_url(self.url)
-        raw_path = parsed_url.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
-        scope["query_string"] = parsed_url.query or b""
-        app = self.app
-        if self.limit_concurrency is not None and (
-            len(self.connections) >= self.limit_concurrency
-            or len(self.tasks) >= self.limit_concurrency
-        ):
-            app = service_unavailable
-            self.logger.warning("Exceeded concurrency limit.")
-        existing_cycle = self.cycle
-        self.cycle = WholeResponseCycle(
-            scope=scope,
-            transport=self.transport,
-            flow=self.flow,
-            logger=self.logger,
-            access_logger=self.access_logger,
-            access_log=self.access_log,
-            default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(),
-            expect_100_continue=self.expect_100_continue,
-            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
-            on_response=self.on_response_complete,
-        )
-        if existing_cycle is None or existing_cycle.response_complete:
-            self._start_asgi_task(self.cycle, app)
-        else:  # pipelined behind a request still being answered
-            self.flow.pause_reading()
-            self.pipeline.appendleft((self.cycle, app))
+        super().on_headers_complete()
+        cycle = self.cycle
+        if type(cycle) is RequestResponseCycle:  # the one uvicorn just made (not an upgrade)
+            # ours adds the whole-response message; its task has not run yet
+            cycle.__class__ = WholeResponseCycle
 
     def _has_body(self) -> bool:
         for name, value in self.headers:

@@ -83,24 +83,6 @@ class WholeResponseCycle(RequestResponseCycle):
             self.transport.close()
         self.on_response()
 
-    async def receive(self) -> Any:
-        # uvicorn's, without awaiting the request's event when it is set already (a body
-        # that came with its headers: most requests)
-        if self.waiting_for_100_continue and not self.transport.is_closing():
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.waiting_for_100_continue = False
-        if not self.disconnected and not self.response_complete:
-            self.flow.resume_reading()
-            event = self.message_event
-            if not event.is_set():
-                await event.wait()
-            event.clear()
-        if self.disconnected or self.response_complete:
-            return {"type": "http.disconnect"}
-        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
-        self.body = bytearray()
-        return message
-
 
 class WriteBatch:
     """The connections with writes held in this iteration of one event loop: all sent by

@@ -28,8 +28,10 @@ from runtime.execution.function import Function, ProcessorFailure
 from runtime.execution.loading import TargetError, load_target
 from runtime.logs import setup_logging
 from runtime.serving.app import SHUTDOWN_HOOK_LIMIT, FunctionApp
-from runtime.serving.heartbeat import STOPPED, Heartbeat
+from runtime.serving.health import Health
+from runtime.serving.heartbeat import Heartbeat
 from runtime.serving.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
+from runtime.serving.trainers import TrainerRoutes
 from runtime.tracing.spans import Tracing
 
 __all__ = ["Server", "bind", "build_app", "run_worker"]
@@ -63,7 +65,7 @@ class Server(uvicorn.Server):
             app.on_unhealthy = self._unhealthy
         heartbeat = self.heartbeat
         if heartbeat is not None:  # beats on until the loop ends, through the drain
-            state = (lambda: app.state) if app is not None else (lambda: "healthy")
+            state = (lambda: app.state) if app is not None else (lambda: Health.READY)
             if app is not None:  # a worker that dies right after it is ready is no crash loop
                 app.on_ready = lambda: heartbeat.beat(state())
             self._beating = asyncio.get_running_loop().create_task(heartbeat.keep_beating(state))
@@ -76,7 +78,7 @@ class Server(uvicorn.Server):
         if self.heartbeat is not None:  # stopped: what follows (exiting) is no blocked loop
             if self._beating is not None:
                 self._beating.cancel()
-            self.heartbeat.beat(STOPPED)
+            self.heartbeat.beat(Health.STOPPED)
         app = self._function_app()
         if app is not None and (app.stuck_tasks or app.admission.admitted):
             await self._exit_past_stuck_tasks(app)
@@ -116,7 +118,7 @@ class Server(uvicorn.Server):
         # The stop is bounded whatever user code does: requests get --grace, then shutdown()
         # and the tracing export their own bounds; past all that, the process exits anyway.
         if self._watchdog is None:
-            limit = self.config.timeout_graceful_shutdown or 0
+            limit: float = self.config.timeout_graceful_shutdown or 0
             limit += SHUTDOWN_HOOK_LIMIT + 10 + STOP_SLACK
             self._watchdog = threading.Timer(limit, self._overran, (limit,))
             self._watchdog.daemon = True
@@ -152,10 +154,8 @@ class Server(uvicorn.Server):
 
 def _exit_now(code: int) -> None:
     """Exit at once, leaving running threads behind, but not the log lines still queued."""
-    listener = getattr(runtime.logs, "_listener", None)
-    if listener is not None:
-        with contextlib.suppress(Exception):
-            listener.stop()
+    with contextlib.suppress(Exception):
+        runtime.logs.drain()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -201,7 +201,8 @@ def bind(settings: Settings) -> socket.socket:
 
 
 def build_app(settings: Settings) -> FunctionApp:
-    """The app of ``settings``: its target loaded, its processor made, traced if asked."""
+    """The app of ``settings``: its target loaded, its processor made, traced if asked,
+    the trainer protocols mounted."""
     target = load_target(settings.target, settings.workspace, settings.func_type)
     function = Function(
         target,
@@ -219,7 +220,9 @@ def build_app(settings: Settings) -> FunctionApp:
         if settings.tracing
         else None
     )
-    return FunctionApp(function, settings, tracing)
+    app = FunctionApp(function, settings, tracing)
+    app.mount(TrainerRoutes(app).routes)
+    return app
 
 
 def run_worker(

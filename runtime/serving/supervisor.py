@@ -48,7 +48,8 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 
 from runtime.config import Settings
-from runtime.serving.heartbeat import STOPPED, Heartbeat
+from runtime.serving.health import Health
+from runtime.serving.heartbeat import Heartbeat
 
 __all__ = ["supervise"]
 
@@ -192,11 +193,11 @@ class _Supervisor:
             state = worker.heartbeat.state
             if worker.ready and self.blocked(worker, self.settings.heartbeat_timeout):
                 self.slots[index] = self.start()
-            elif worker.ready and state in ("draining", "unhealthy", STOPPED):
+            elif worker.ready and state in (Health.DRAINING, Health.UNHEALTHY, Health.STOPPED):
                 # Stopping on its own (it found itself unhealthy, or was signalled): its
                 # replacement starts now, not only once its drain is over.
                 log.warning("worker [%s] is %s; starting a replacement", process.pid, state)
-                if state == "unhealthy":  # says so but does not stop by itself
+                if state == Health.UNHEALTHY:  # says so but does not stop by itself
                     self.terminate(process)
                 self.retiring.append((process, now + self.settings.grace + SHUTDOWN_SLACK))
                 self.slots[index] = self.start()
@@ -206,7 +207,7 @@ class _Supervisor:
         """Kills a worker whose event loop has not beaten for ``limit`` seconds (not one
         whose loop has ended: it said so, and its process is on its way out)."""
         silence = worker.heartbeat.silence()
-        if silence < limit or worker.heartbeat.state == STOPPED:
+        if silence < limit or worker.heartbeat.state is Health.STOPPED:
             return False
         log.error(
             "worker [%s]: event loop blocked for %.1fs; killing it", worker.process.pid, silence
@@ -272,7 +273,7 @@ class _Supervisor:
         # SIGTERM to each worker still serving: retiring ones stop already, and a "stopped"
         # one may have its default handler back, so that SIGTERM would kill it.
         for worker in workers:
-            if worker.heartbeat.state != STOPPED:
+            if worker.heartbeat.state is not Health.STOPPED:
                 self.terminate(worker.process)
         grace_end = time.monotonic() + self.settings.grace
         deadline = grace_end + SHUTDOWN_SLACK
@@ -280,7 +281,7 @@ class _Supervisor:
             for worker in workers:  # a loop that is blocked cannot drain: no use waiting
                 # (one whose loop has ended, "stopped", beats no more but has answered: the
                 # interpreter exiting, asyncio.run waiting for its default pool)
-                if worker.process.is_alive() and worker.heartbeat.state != STOPPED:
+                if worker.process.is_alive() and worker.heartbeat.state is not Health.STOPPED:
                     limit = SILENT if now >= grace_end else self.settings.heartbeat_timeout
                     self.blocked(worker, limit)
             time.sleep(_TICK)

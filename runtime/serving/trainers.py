@@ -1,8 +1,10 @@
 """The reward protocols of open-source RL trainers, served next to ``/api/v1``.
 
 Each adapter maps a trainer's request to the function's ``RewardInput``, runs it through
-the app's own admission, slots, deadline, isolation and tracing (``FunctionApp.admit`` and
-``FunctionApp.run_admitted``), and answers in the trainer's shape:
+the app's own admission, slots, deadline, isolation and tracing (``TrainerHost``, the
+few things of the app they use: ``admit``, ``read_body``, ``hold_parsed`` and its
+``runner``), and answers in the trainer's shape. ``server.build_app`` mounts the routes
+on the app; the app never imports this module:
 
 - OpenRLHF (``--reward.remote_url``): ``POST {prefix}/openrlhf/get_reward``,
   ``{"query": [...], "prompts": [...], "labels": [...]}`` in (one sample, or a batch of at
@@ -33,10 +35,10 @@ import logging
 import math
 import os
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -48,19 +50,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
+from processors_base.models import RewardOutput
 from processors_base.rewards import RENORMALIZED, registry_of
 from runtime import errors
-from runtime.execution.function import ProcessorFailure, RequestError, invalid_input
-from runtime.logs import bind_request, unbind_request
-from runtime.serving.admission import PARSE_COSTS
-from runtime.serving.app import _ClientGone, _Interrupt
-from runtime.serving.metrics import code_label
-from runtime.serving.sending import WHOLE_RESPONSE
+from runtime.config import Settings
+from runtime.execution.function import Function, ProcessorFailure, RequestError, invalid_input
+from runtime.logs import RequestLog, bind_request, unbind_request
+from runtime.serving.admission import PARSE_COSTS, Admission
+from runtime.serving.body import ClientGone
+from runtime.serving.deadlines import Reason
+from runtime.serving.health import Health
+from runtime.serving.metrics import Metrics, code_label
+from runtime.serving.running import Runner, Running
 
-if TYPE_CHECKING:
-    from runtime.serving.app import FunctionApp
-
-__all__ = ["PROTOCOL_PATHS", "TrainerRoutes"]
+__all__ = ["PROTOCOL_PATHS", "TrainerHost", "TrainerRoutes"]
 
 log = logging.getLogger("runtime.requests")
 
@@ -123,8 +126,31 @@ class _Reject(Exception):
         return cls(error.status, error.code, str(error), error.detail)
 
 
+class TrainerHost(Protocol):
+    """What the trainer routes use of the app (``app.FunctionApp``)."""
+
+    function: Function
+    settings: Settings
+    admission: Admission
+    metrics: Metrics
+    request_log: RequestLog
+    runner: Runner  # runs a sample under its deadline; answers it late, counts it stuck
+
+    @property
+    def state(self) -> Health: ...
+
+    def admit(self, count: int = 1) -> tuple[str, str] | None:
+        """Admit ``count`` requests, all or none: None, or the (code, message) of a 503."""
+
+    async def read_body(self, scope: MutableMapping[str, Any], receive: Any) -> bytes:
+        """The body, within the limits and held in the budget (the caller releases it)."""
+
+    def hold_parsed(self, body: bytes, costs: tuple[int, int, int], floor: int = 0) -> int:
+        """Hold what ``body`` will take once parsed; the bytes held (RequestError: no)."""
+
+
 class TrainerRoutes:
-    def __init__(self, app: FunctionApp) -> None:
+    def __init__(self, app: TrainerHost) -> None:
         self.app = app
         settings = app.settings
         self._fail_open = settings.trainer_errors == "reward"
@@ -336,14 +362,14 @@ class TrainerRoutes:
         except _Reject as exc:
             status, code, message = exc.status, exc.code, str(exc)
             return exc.response
-        except _ClientGone:
+        except ClientGone:
             status, code, message = 499, errors.CLIENT_DISCONNECTED, "client disconnected"
             return Response(b"", 499)
         except Exception:  # a bug of ours: still a JSON answer, never a traceback
             status, code, message = 500, errors.INTERNAL_ERROR, "internal error"
             logging.getLogger("runtime").exception("internal error on %s", request.url.path)
-            body = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
-            return Response(body, 500, media_type="application/json")
+            error = errors.error_body(errors.INTERNAL_ERROR, "internal error of the runtime")
+            return Response(error, 500, media_type="application/json")
         finally:
             app.admission.release_body(held)
             self._requests.labels(protocol, str(status)).inc()
@@ -405,7 +431,7 @@ class TrainerRoutes:
 
         Each sample takes a place in the queue, as a /api/v1 request would. A batch larger
         than the free places runs in chunks: a sample that ends hands its place to the next
-        one. The deadline is /api/v1's machinery (``runtime.serving.app._Interrupt``): at the
+        one. The deadline is /api/v1's machinery (``runtime.serving.running``): at the
         deadline a sample is answered at once, whatever its task does, and cancelled again
         until it ends; one that will not end is counted as stuck and gives its place back.
         """
@@ -437,8 +463,10 @@ class TrainerRoutes:
                 while places and waiting:
                     index = waiting.popleft()
                     left = deadline - loop.time()
-                    if left < _START_MARGIN or app.state != "healthy":
-                        results[index] = self._late("deadline" if left < _START_MARGIN else "")
+                    if left < _START_MARGIN or app.state != Health.READY:
+                        results[index] = self._late(
+                            Reason.DEADLINE if left < _START_MARGIN else None
+                        )
                         continue
                     places -= 1
                     sample = _Sample()
@@ -463,21 +491,21 @@ class TrainerRoutes:
                         sample.orphaned = True
         except BaseException:  # our request was cancelled: so are its samples
             for sample in running.values():
-                if sample.interrupt is None:  # not started: cancelled before it holds anything
+                if sample.run is None:  # not started: cancelled before it holds anything
                     sample.task.cancel()
                     places += 1
                 elif sample.task.done():
                     places += 1
                 else:
                     sample.orphaned = True
-                    sample.interrupt.fire("disconnect")
+                    sample.run.fire(Reason.DISCONNECT)
             raise
         finally:
             for _ in range(places):
                 app.admission.leave()
         for index in waiting:  # no place came free in time
-            results[index] = self._late("deadline")
-        scored = [s if s is not None else self._late("deadline") for s in results]
+            results[index] = self._late(Reason.DEADLINE)
+        scored = [s if s is not None else self._late(Reason.DEADLINE) for s in results]
         request.state.scored = scored  # its access line tells of them
         for one in scored:
             app.metrics.result(protocol, one.code)
@@ -489,51 +517,50 @@ class TrainerRoutes:
 
     async def _run(
         self,
-        scope: dict[str, Any],
+        scope: MutableMapping[str, Any],
         input_data: Any,
         timeout: float,
         answered: asyncio.Future[Scored],
         sample: _Sample,
     ) -> None:
-        """One sample in its own task, under an ``_Interrupt`` as a /api/v1 request is."""
+        """One sample in its own task, under a deadline as a /api/v1 request is: at the
+        deadline (or a stop past --grace) the runner answers ``answered`` at once, whatever
+        the task does, and counts the task as stuck if it will not end."""
         app = self.app
-
-        async def late_answer(message: dict[str, Any]) -> None:
-            # _Interrupt's responder answers here at the deadline (or at a stop past --grace)
-            if message["type"] == WHOLE_RESPONSE and not answered.done():
-                late = interrupt.late
-                answered.set_result(self._late("deadline" if late and late[0] == 504 else ""))
-
-        interrupt = _Interrupt(app, late_answer, scope, perf_counter(), timeout)
-        interrupt.input_data = input_data
-        sample.interrupt = interrupt
+        runner = app.runner
+        loop = asyncio.get_running_loop()
+        run = _SampleRun(runner, loop, asyncio.current_task(loop), scope, perf_counter(), timeout)
+        run.answered_late = answered
+        run.late_scored = self._late
+        run.input_data = input_data
+        sample.run = run
         scored = Scored(0.0, code=errors.INTERNAL_ERROR, message="internal error of the runtime")
         try:
             try:
-                result = await app.run_admitted(scope, input_data, interrupt)
-                interrupt.close()
+                result = await runner.run_admitted(run, input_data)
                 scored = self._scored(result)
             except asyncio.CancelledError:
-                if not interrupt.reason:
+                if run.reason is None:
                     raise
-                interrupt.absorb()
+                run.absorb()
             except ProcessorFailure as exc:
                 scored = Scored(0.0, code=exc.code, message=str(exc))
             except Exception:
                 logging.getLogger("runtime").exception("internal error while scoring a sample")
-            if interrupt.reason:
-                scored = self._late("deadline" if interrupt.reason == "deadline" else "")
+            if run.reason is not None:
+                scored = self._late(run.reason)
         finally:
-            interrupt.close()
-            if interrupt.abandoned:  # the deadline's responder ended it and freed its place
-                app._stuck_task_ended(interrupt)
+            run.end()
+            if run.abandoned:  # the runner ended it late and freed its place
+                runner.stuck_ended(run)
             elif sample.orphaned:  # the request has moved on: the place is ours to free
                 app.admission.leave()
             if not answered.done():
                 answered.set_result(scored)
 
-    def _late(self, reason: str) -> Scored:
-        if reason == "deadline":
+    def _late(self, reason: Reason | None) -> Scored:
+        """A sample cancelled: at its deadline, else at a stop (or the request's end)."""
+        if reason is Reason.DEADLINE:
             return Scored(
                 0.0,
                 code=errors.DEADLINE_EXCEEDED,
@@ -544,7 +571,8 @@ class TrainerRoutes:
 
     def _scored(self, result: Any) -> Scored:
         """The processor's output as a sample's outcome; /api/v1's output checks apply."""
-        output = self.app.function.validated(result)  # INVALID_OUTPUT as /api/v1 says it
+        # INVALID_OUTPUT as /api/v1 says it; a RewardOutput: these routes serve rewards only
+        output = cast(RewardOutput, self.app.function.validated(result))
         try:
             reward = output.reward
             score = _number(reward.reward_score, "reward_score")
@@ -606,15 +634,27 @@ class TrainerRoutes:
 
 @dataclass(eq=False)
 class _Sample:
-    """One running sample of a request: its task, its interrupt, who frees its place."""
+    """One running sample of a request: its task, its run, who frees its place."""
 
     index: int = 0
     task: asyncio.Task[None] = None  # type: ignore[assignment]  # set once created
-    interrupt: _Interrupt | None = None
+    run: _SampleRun | None = None
     orphaned: bool = False  # answered before its task ended: the task frees its place
 
 
-def _declared_metrics(app: FunctionApp) -> list[str]:
+class _SampleRun(Running):
+    """A sample's run: its late answer is its ``answered`` future's result."""
+
+    __slots__ = ("answered_late", "late_scored")
+    answered_late: asyncio.Future[Scored]
+    late_scored: Callable[[Reason | None], Scored]
+
+    async def answer_late(self) -> None:
+        if not self.answered_late.done():
+            self.answered_late.set_result(self.late_scored(self.reason))
+
+
+def _declared_metrics(app: TrainerHost) -> list[str]:
     """Metric names a decorated reward (``@sub_reward``, no ``@aggregate_func``) reports."""
     try:
         registry = registry_of(app.function.target.cls)

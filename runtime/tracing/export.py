@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace.status import StatusCode
@@ -37,6 +37,7 @@ from opentelemetry.trace.status import StatusCode
 __all__ = [
     "SCALAR_TYPES",
     "PipeSpanProcessor",
+    "PlainRecord",
     "PlainSpan",
     "SpanRecord",
     "builtin_value",
@@ -45,18 +46,40 @@ __all__ = [
 
 log = logging.getLogger("runtime")
 
-# A finished span as plain data: cheap to build, to pickle and to rebuild.
-# (name, trace_id, span_id, flags, trace_state, parent_span_id, parent_is_remote, kind,
-#  start_ns, end_ns, attributes, events, links, status_code, status_description, scope)
-# trace_state: ((key, value), ...); attributes: a dict, or None; events: (name, attributes,
-# time_ns) each; links: (trace_id, span_id, attributes) each; scope: (name, version).
-SpanRecord = tuple[Any, ...]
+
+class SpanRecord(NamedTuple):
+    """A finished span as plain data: cheap to build, to pickle (it crosses the pipe to the
+    exporter process, which imports this module) and to rebuild. Its fields are in the
+    order the encoder (runtime.tracing.otlp) unpacks them."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    flags: int
+    trace_state: tuple[tuple[str, str], ...]
+    parent_span_id: int  # 0: no parent
+    parent_is_remote: bool
+    kind: int  # SpanKind's value
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any] | None
+    events: Sequence[tuple[str, dict[str, Any], int]]  # (name, attributes, time_ns) each
+    links: Sequence[tuple[int, int, dict[str, Any]]]  # (trace_id, span_id, attributes) each
+    status_code: int  # StatusCode's value
+    status_description: str | None
+    scope: tuple[str, str | None]  # (name, version)
+
+
+# A sampled root span of the PlainSpan's name, kind and scope with nothing set on it: a
+# plain tuple of four exact ints, (trace_id, span_id, start_ns, end_ns); told from a
+# SpanRecord by its type.
+PlainRecord = tuple[int, int, int, int]
 
 # What most spans of a request have in common: (name, kind, scope). A sampled root span of
 # that name, kind and scope with nothing set on it (attributes, events, status, trace
-# state) may travel as four exact ints (trace_id, span_id, start_ns, end_ns): marshal
-# writes that in a quarter of the time pickle takes for a whole record, on the worker's
-# GIL. (Only those: marshal would write a numpy value as its bytes, without a word.)
+# state) may travel as a PlainRecord: marshal writes its four exact ints in a quarter of
+# the time pickle takes for a whole record, on the worker's GIL. (Only those: marshal
+# would write a numpy value as its bytes, without a word.)
 PlainSpan = tuple[str, int, tuple[str, str | None]]
 
 
@@ -86,26 +109,26 @@ def span_record(span: ReadableSpan) -> SpanRecord:
     """An SDK span as a ``SpanRecord`` (runtime.tracing.spans builds its own spans' in place)."""
     context, parent, scope = span.context, span.parent, span.instrumentation_scope
     code, description = span.status.status_code, span.status.description
-    return (
-        span.name,
-        context.trace_id,
-        context.span_id,
-        int(context.trace_flags),
-        tuple(context.trace_state.items()) if context.trace_state else (),
-        parent.span_id if parent is not None else 0,
-        parent.is_remote if parent is not None else False,
-        span.kind.value,
-        span.start_time or 0,
-        span.end_time or 0,
-        _builtins(span.attributes),
-        [(e.name, _builtins(e.attributes), e.timestamp) for e in span.events],
-        [
+    return SpanRecord(
+        name=span.name,
+        trace_id=context.trace_id,
+        span_id=context.span_id,
+        flags=int(context.trace_flags),
+        trace_state=tuple(context.trace_state.items()) if context.trace_state else (),
+        parent_span_id=parent.span_id if parent is not None else 0,
+        parent_is_remote=parent.is_remote if parent is not None else False,
+        kind=span.kind.value,
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or 0,
+        attributes=_builtins(span.attributes),
+        events=[(e.name, _builtins(e.attributes), e.timestamp) for e in span.events],
+        links=[
             (link.context.trace_id, link.context.span_id, _builtins(link.attributes))
             for link in span.links
         ],
-        code.value if isinstance(code, StatusCode) else 0,  # (what user code set: never fails)
-        description if isinstance(description, str) else None,
-        (scope.name, scope.version) if scope is not None else ("", None),
+        status_code=code.value if isinstance(code, StatusCode) else 0,  # (user code's: never fails)
+        status_description=description if isinstance(description, str) else None,
+        scope=(scope.name, scope.version) if scope is not None else ("", None),
     )
 
 
@@ -126,7 +149,7 @@ class PipeSpanProcessor(SpanProcessor):
         self.plain = plain
         self._delay = _env_number("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self._batch = _env_number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
-        self._queue: deque[SpanRecord] = deque()
+        self._queue: deque[SpanRecord | PlainRecord] = deque()
         self._max_queue = _env_number("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self.dropped = 0
         self._wake = threading.Event()
@@ -148,8 +171,8 @@ class PipeSpanProcessor(SpanProcessor):
             return
         self.put(span_record(span))
 
-    def put(self, record: SpanRecord | tuple[int, int, int, int]) -> None:
-        """Queue a finished span: a SpanRecord, or a ``PlainSpan``'s four ints."""
+    def put(self, record: SpanRecord | PlainRecord) -> None:
+        """Queue a finished span: a SpanRecord, or a PlainRecord of the ``PlainSpan``."""
         queue = self._queue
         if len(queue) >= self._max_queue:
             self.dropped += 1
@@ -180,9 +203,9 @@ class PipeSpanProcessor(SpanProcessor):
                     return False
         return True
 
-    def _messages(self, batch: list[Any]) -> list[bytes]:
-        plain = [record for record in batch if len(record) == 4]
-        records = [record for record in batch if len(record) != 4]
+    def _messages(self, batch: list[SpanRecord | PlainRecord]) -> list[bytes]:
+        plain = [record for record in batch if not isinstance(record, SpanRecord)]
+        records = [record for record in batch if isinstance(record, SpanRecord)]
         messages = [_MARSHAL + marshal.dumps(plain)] if plain else []
         if records:
             try:
@@ -288,7 +311,6 @@ class PipeSpanProcessor(SpanProcessor):
 # --- the pipe's messages: a tag byte, then the body -------------------------------------
 
 _MARSHAL, _PICKLE, _CONTROL = b"m", b"p", b"c"  # plain spans, records, (kind, sequence)
-_UNSET = (None, (), (), 0, None)  # a plain span's attributes, events, links and status
 
 
 def _picklable(record: SpanRecord) -> bool:
@@ -297,7 +319,7 @@ def _picklable(record: SpanRecord) -> bool:
     except Exception as exc:
         log.warning(
             "span %r left out: it cannot be sent to the exporter: %s: %s",
-            record[0],
+            record.name,
             type(exc).__name__,
             exc,
         )
@@ -313,7 +335,24 @@ def _decode(message: bytes, plain: PlainSpan | None) -> tuple[bytes, Any]:
     assert plain is not None  # the worker sends plain spans only with their PlainSpan
     name, kind, scope = plain
     return tag, [
-        (name, trace_id, span_id, 1, (), 0, False, kind, start, end, *_UNSET, scope)
+        SpanRecord(
+            name=name,
+            trace_id=trace_id,
+            span_id=span_id,
+            flags=1,
+            trace_state=(),
+            parent_span_id=0,
+            parent_is_remote=False,
+            kind=kind,
+            start_ns=start,
+            end_ns=end,
+            attributes=None,
+            events=(),
+            links=(),
+            status_code=0,
+            status_description=None,
+            scope=scope,
+        )
         for trace_id, span_id, start, end in marshal.loads(body)
     ]
 
@@ -366,7 +405,8 @@ def _encode_directly(trace_exporter: Any, resource: Any) -> bool:
     endpoint, headers, compression, timeout and retries stay the exporter's. Done only in
     this process, which does nothing else, and only where ``export()`` encodes through
     the module's ``encode_spans``, as its releases do; otherwise False, and the records
-    are rebuilt."""
+    are rebuilt. (tests/tracing/test_otlp_exporter_canaries.py fails when a release changes
+    this; pyproject.toml bounds the exporter to the releases it passed on.)"""
     code = getattr(trace_exporter.OTLPSpanExporter.export, "__code__", None)
     names = getattr(code, "co_names", ())
     if "encode_spans" not in names or not hasattr(trace_exporter, "encode_spans"):
@@ -399,45 +439,30 @@ def _rebuild(records: Sequence[SpanRecord], resource: Any) -> list[ReadableSpan]
     from opentelemetry.trace.status import Status, StatusCode
 
     spans = []
-    for (
-        name,
-        trace_id,
-        span_id,
-        flags,
-        trace_state,
-        parent_id,
-        parent_remote,
-        kind,
-        start,
-        end,
-        attributes,
-        events,
-        links,
-        status_code,
-        status_description,
-        (scope_name, scope_version),
-    ) in records:
-        state = TraceState(list(trace_state))
-        context = SpanContext(trace_id, span_id, False, TraceFlags(flags), state)
+    for record in records:
+        record = SpanRecord(*record)  # (a plain tuple in the field order reads as one too)
+        trace_id, flags = record.trace_id, TraceFlags(record.flags)
+        state = TraceState(list(record.trace_state))
+        context = SpanContext(trace_id, record.span_id, False, flags, state)
         parent = (
-            SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags), state)
-            if parent_id
+            SpanContext(trace_id, record.parent_span_id, record.parent_is_remote, flags, state)
+            if record.parent_span_id
             else None
         )
         spans.append(
             ReadableSpan(
-                name,
+                record.name,
                 context=context,
                 parent=parent,
                 resource=resource,
-                attributes=attributes,
-                events=[Event(n, a, timestamp=t) for n, a, t in events],
-                links=[Link(SpanContext(t, s, False), a) for t, s, a in links],
-                kind=SpanKind(kind),
-                status=Status(StatusCode(status_code), status_description),
-                start_time=start,
-                end_time=end,
-                instrumentation_scope=InstrumentationScope(scope_name, scope_version),
+                attributes=record.attributes,
+                events=[Event(n, a, timestamp=t) for n, a, t in record.events],
+                links=[Link(SpanContext(t, s, False), a) for t, s, a in record.links],
+                kind=SpanKind(record.kind),
+                status=Status(StatusCode(record.status_code), record.status_description),
+                start_time=record.start_ns,
+                end_time=record.end_ns,
+                instrumentation_scope=InstrumentationScope(*record.scope),
             )
         )
     return spans

@@ -4,7 +4,7 @@ The exporter process (``runtime.tracing.export``) receives spans as plain tuples
 SDK spans from them and encoding those with the OpenTelemetry encoder costs about 30 us a
 span, on the same cores as the worker; writing the protobuf wire format directly from
 the tuples costs a few. The bytes are those of an ``ExportTraceServiceRequest`` as the
-SDK's encoder makes it (``tests/test_span_export.py`` parses both and compares them).
+SDK's encoder makes it (``tests/tracing/test_span_export.py`` parses both and compares them).
 
 Wire format: every message here is a list of (tag, value) fields; a tag is
 ``field_number << 3 | wire_type`` (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32).

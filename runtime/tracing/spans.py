@@ -23,16 +23,16 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import Token
 from random import getrandbits
 from time import time_ns
 from typing import Any
 
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
@@ -47,15 +47,17 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.status import Status, StatusCode
 
-from processors_base.observability._core import BAGGAGE_KEYS, capture, capture_enabled
-from processors_base.observability._spans import record_error
-from processors_base.observability.processor import (
+from processors_base.observability.runtime_hooks import (
+    BAGGAGE_KEYS,
     SPAN_KEY,
+    capture,
+    capture_enabled,
     processor_context,
+    record_error,
     runtime_opens_processor_spans,
 )
 from processors_base.redaction import redact
-from runtime.tracing.export import SCALAR_TYPES, PipeSpanProcessor, builtin_value
+from runtime.tracing.export import SCALAR_TYPES, PipeSpanProcessor, SpanRecord, builtin_value
 
 __all__ = ["Tracing"]
 
@@ -72,20 +74,6 @@ _SAMPLED, _NOT_SAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.D
 _UNSET: tuple[StatusCode, str | None] = (StatusCode.UNSET, None)
 _SERVER = SpanKind.SERVER.value  # (an enum's .value is slow to read per request)
 _IDS = tuple((key, key.rsplit(".", 1)[1]) for key in BAGGAGE_KEYS)  # (baggage key, field)
-
-
-def _context_functions() -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any], None]]:
-    """OpenTelemetry's get_current, attach and detach; for its default runtime context
-    (contextvars), its ContextVar's own methods: six Python calls fewer per request. (Read
-    once, as OpenTelemetry loads its runtime context once, when imported.)"""
-    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    var = getattr(runtime, "_current_context", None)
-    if type(runtime) is ContextVarsRuntimeContext and isinstance(var, ContextVar):
-        return var.get, var.set, var.reset
-    return otel_context.get_current, otel_context.attach, otel_context.detach
-
-
-_get_current, _attach, _detach = _context_functions()
 
 
 class _BaggageToAttributes(SpanProcessor):
@@ -130,7 +118,7 @@ class Tracing:
         )
         self.flush_each_request = flush_each_request  # --flush-spans request
 
-    def begin(self, scope: dict[str, Any], input_data: Any) -> tuple[Span, object]:
+    def begin(self, scope: dict[str, Any], input_data: Any) -> tuple[Span, Token[Context]]:
         """Start the request's processor span, a child of the caller's, and make it current;
         the span, and what ``end`` needs. (Explicit, not a context manager: this is on
         every request's path.)"""
@@ -146,13 +134,13 @@ class Tracing:
         if not carrier and metadata is None and not request_id and not capture_enabled():
             # Most requests: no caller's span or baggage, no ids, nothing captured. The
             # span is a root unless the task's context has one (an ASGI middleware's).
-            current = _get_current()
+            current = otel_context.get_current()
             tracer = self._tracer
             if tracer.roots_only and SPAN_KEY not in current:
                 span = tracer.root()
             else:
                 span = tracer.start_span(current)
-            return span, _attach(processor_context(span, current))
+            return span, otel_context.attach(processor_context(span, current))
         context = self._propagator.extract(carrier) if carrier else None
         attributes: dict[str, Any] = {}
         if metadata is not None:
@@ -167,16 +155,16 @@ class Tracing:
             attributes["agentic_rl.request_id"] = redact(request_id, credentials=False)
         if capture_enabled():
             attributes["agentic_rl.input"] = capture(input_data)
-        parent = context if context is not None else _get_current()
+        parent = context if context is not None else otel_context.get_current()
         span = self._tracer.start_span(parent, attributes)
-        return span, _attach(processor_context(span, parent))
+        return span, otel_context.attach(processor_context(span, parent))
 
     @staticmethod
-    def end(span: Span, entered: object, error: BaseException | None = None) -> None:
+    def end(span: Span, entered: Token[Context], error: BaseException | None = None) -> None:
         """End what ``begin`` started; ``error``, raised meanwhile, marks the span."""
         if error is not None:
             record_error(span, error)
-        _detach(entered)  # (begin's token, in begin's task)
+        otel_context.detach(entered)  # (begin's token, in begin's task)
         span.end()
 
     @contextmanager
@@ -253,8 +241,9 @@ class _RequestTracer:
 
 
 class _RequestSpan(Span):
-    """A recording SERVER span that, once ended, goes to the export queue as one tuple:
-    four ints while it is ``plain`` (a sampled root with nothing set on it, as most are).
+    """A recording SERVER span that, once ended, goes to the export queue as a SpanRecord,
+    or a PlainRecord's four ints while it is ``plain`` (a sampled root with nothing set on
+    it, as most are).
     What few spans have (a parent, a trace state, attributes, events, a status) stays at
     the class's default until set, and its SpanContext is made only when asked for (by a
     child span, or user code)."""
@@ -369,25 +358,24 @@ class _RequestSpan(Span):
             export.put((self.trace_id, self.span_id, self._start, end))  # most requests
             return
         parent, state, status = self._parent, self.trace_state, self._status
-        # a span_export.SpanRecord, built in place
         export.put(
-            (
-                self._name,
-                self.trace_id,
-                self.span_id,
-                1,
-                tuple(state.items()) if state else (),
-                0 if parent is None else parent.span_id,
-                False if parent is None else parent.is_remote,
-                _SERVER,
-                self._start,
-                end,
-                self._attributes,
-                self._events or (),
-                (),
-                0 if status is _UNSET else status[0].value,
-                None if status is _UNSET else status[1],
-                _SCOPE,
+            SpanRecord(
+                name=self._name,
+                trace_id=self.trace_id,
+                span_id=self.span_id,
+                flags=1,
+                trace_state=tuple(state.items()) if state else (),
+                parent_span_id=0 if parent is None else parent.span_id,
+                parent_is_remote=False if parent is None else parent.is_remote,
+                kind=_SERVER,
+                start_ns=self._start,
+                end_ns=end,
+                attributes=self._attributes,
+                events=self._events or (),
+                links=(),
+                status_code=0 if status is _UNSET else status[0].value,
+                status_description=None if status is _UNSET else status[1],
+                scope=_SCOPE,
             )
         )
 

@@ -1,4 +1,4 @@
-"""Reward processors for tests/test_trainer_attacks.py."""
+"""Reward processors for tests/trainers/test_trainer_attacks.py."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from processors_base import (
     reward_func,
     sub_reward_func,
 )
+from processors_base.rewards import errors_for
 
 
 def _answer(input_data: RewardInput) -> str:
@@ -30,8 +31,8 @@ class HttpJudge(AbstractRewardProcessor):
     ``JUDGE_LOG_EVERY`` (env) shortens the window of its failure log lines."""
 
     def setup(self) -> None:
-        if "JUDGE_LOG_EVERY" in os.environ:  # the runtime's limiter, installed on the instance
-            self._runtime_sub_reward_errors.log_every = float(os.environ["JUDGE_LOG_EVERY"])
+        if "JUDGE_LOG_EVERY" in os.environ:  # the runtime's limiter, lent to setup() too
+            errors_for(self).log_every = float(os.environ["JUDGE_LOG_EVERY"])
 
     @sub_reward_func("format", sub_weight=0.2)
     def format_ok(self, input_data: RewardInput) -> RewardOutput:

@@ -1,4 +1,4 @@
-"""Reward processors for tests/test_request_lines.py."""
+"""Reward processors for tests/serving/test_request_lines.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Processors for tests/test_redaction.py: user code whose error message, or log line, is a
+"""Processors for tests/serving/test_redaction.py: user code whose error message, or log line, is a
 megabyte of letters (degenerate model output, a protein sequence) next to the request's key."""
 
 from __future__ import annotations

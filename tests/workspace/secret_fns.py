@@ -1,4 +1,5 @@
-"""Processors for the tests of secrets and of failures of user code (tests/test_secrets.py)."""
+"""Processors for the tests of secrets and of failures of user code
+(tests/serving/test_secrets.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Processors for tests/test_stopping.py: deadlines that user code resists, stuck calls,
+"""Processors for tests/execution/test_stopping.py: deadlines that user code resists, stuck calls,
 stops, and process isolation that meets odd exceptions and results.
 
 They wait on marker files (in TEST_MARKER_DIR), never on fixed sleeps: ``started-<tag>``

@@ -7,9 +7,10 @@ import asyncio
 import contextvars
 import functools
 import inspect
+from collections.abc import Coroutine
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from processors_base.models import BaseDataModel, FunctionType
 from processors_base.processors import AbstractProcessor
@@ -91,7 +92,10 @@ class FuncManager:
     def execute(self, raw_data: dict[str, Any]) -> Any:
         """Parse and process in one call, from synchronous code."""
         result = self._processor.process(self.parses(raw_data))
-        return asyncio.run(result) if inspect.isawaitable(result) else result
+        if inspect.isawaitable(result):
+            # asyncio.run takes a coroutine, and raises its own error for any other awaitable
+            return asyncio.run(cast("Coroutine[Any, Any, Any]", result))
+        return result
 
     @classmethod
     def create_from_env(cls, func_type: FunctionType, processor_class_path: str) -> FuncManager:

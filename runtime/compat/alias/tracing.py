@@ -23,8 +23,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from processors_base.models import BaseDataModel, FunctionType
-from processors_base.observability import _core, _spans, observe_processor, trace_client
-from processors_base.observability.processor import processor_span, record_output
+from processors_base.observability import observe_processor, runtime_hooks, trace_client
+from processors_base.observability.runtime_hooks import processor_span, record_output
 
 __all__ = [
     "AGENTIC_RL_ATTEMPT_ID_BAGGAGE_KEY",
@@ -68,7 +68,7 @@ _TRACER = "agentic-rl-runtime"
     AGENTIC_RL_ROLLOUT_ID_BAGGAGE_KEY,
     AGENTIC_RL_SAMPLE_ID_BAGGAGE_KEY,
     AGENTIC_RL_ATTEMPT_ID_BAGGAGE_KEY,
-) = _core.BAGGAGE_KEYS[:3]
+) = runtime_hooks.BAGGAGE_KEYS[:3]
 GENAI_AVAILABLE = True  # loongsuite-util-genai is a dependency of this runtime
 
 
@@ -76,7 +76,7 @@ def is_tracing_enabled() -> bool:
     """As the SDK answers (``ENABLE_TRAJECTORY`` is true, 1 or yes), or the runtime is
     tracing (``--tracing``)."""
     enabled = os.environ.get("ENABLE_TRAJECTORY", "").strip().lower() in ("true", "1", "yes")
-    return enabled or _core.active_provider() is not None
+    return enabled or runtime_hooks.active_provider() is not None
 
 
 def get_tracer() -> Any:
@@ -104,7 +104,7 @@ def log_trace_id(role: str) -> None:
 
 def span_payload_preview(obj: Any) -> str:
     """JSON of ``obj`` for a span attribute: capped, with secrets redacted."""
-    return _core.capture(obj)
+    return runtime_hooks.capture(obj)
 
 
 @contextmanager
@@ -113,7 +113,9 @@ def rollout_context(
 ) -> Iterator[None]:
     """Spans made inside carry these ids (as the runtime's spans do for each request)."""
     context = otel_context.get_current()
-    for key, value in zip(_core.BAGGAGE_KEYS, (rollout_id, sample_id, attempt_id), strict=False):
+    for key, value in zip(
+        runtime_hooks.BAGGAGE_KEYS, (rollout_id, sample_id, attempt_id), strict=False
+    ):
         if value:
             context = baggage.set_baggage(key, value, context)
     token = otel_context.attach(context)
@@ -171,7 +173,7 @@ def maybe_force_flush(*, reason: str) -> None:
     mode = _flush_mode()
     if mode is ForceFlushMode.NONE or (mode is ForceFlushMode.SHUTDOWN and reason != "shutdown"):
         return
-    provider = _core.active_provider()
+    provider = runtime_hooks.active_provider()
     flush = getattr(provider, "force_flush", None)
     if flush is not None:
         timeout = int(os.environ.get("AGENTIC_RL_FORCE_FLUSH_TIMEOUT_MS", "3000") or 3000)
@@ -204,8 +206,8 @@ def apply_processor_span_attributes_before(
     span: Any, *, func_type: FunctionType, input_data: Any, capture_full_io: bool = True
 ) -> None:
     span.set_attribute("agentic_rl.func_type", FunctionType(func_type).value)
-    if capture_full_io and _core.capture_enabled():
-        span.set_attribute("agentic_rl.input", _core.capture(input_data))
+    if capture_full_io and runtime_hooks.capture_enabled():
+        span.set_attribute("agentic_rl.input", runtime_hooks.capture(input_data))
 
 
 def apply_processor_span_attributes_after(
@@ -216,7 +218,7 @@ def apply_processor_span_attributes_after(
 
 
 def _span_for(func_type: Any, processor: Any, input_data: Any) -> Any:
-    provider = _core.active_provider()
+    provider = runtime_hooks.active_provider()
     if provider is None:
         return None
     return processor_span(
@@ -264,11 +266,11 @@ def trace_processor_span(
 def genai_llm_span(handler: Any = None) -> Iterator[Any]:
     """An LLM invocation to fill in (``request_model``, ``provider``, ...) and record as a
     span; a plain namespace while tracing is off."""
-    provider = _core.active_provider()
+    provider = runtime_hooks.active_provider()
     if provider is None:
         yield SimpleNamespace()
         return
-    with (handler or _core.handler(provider)).llm() as invocation:
+    with (handler or runtime_hooks.handler(provider)).llm() as invocation:
         yield invocation
 
 
@@ -284,18 +286,18 @@ def run_with_genai_llm_span(
     **fn_kwargs: Any,
 ) -> Any:
     """``fn(*fn_args, **fn_kwargs)`` inside an LLM span."""
-    if _core.active_provider() is None:
+    if runtime_hooks.active_provider() is None:
         return fn(*fn_args, **fn_kwargs)
     with genai_llm_span(handler) as invocation:
         invocation.request_model = str(request_model or "")
         invocation.provider = provider
-        if input_messages is not None and _core.capture_enabled():
-            invocation.attributes["gen_ai.input.messages"] = _core.capture(input_messages)
+        if input_messages is not None and runtime_hooks.capture_enabled():
+            invocation.attributes["gen_ai.input.messages"] = runtime_hooks.capture(input_messages)
         result = fn(*fn_args, **fn_kwargs)
         if result_mapper is not None:
             result_mapper(invocation, result)
         else:
-            _spans.apply_response(invocation, result)
+            runtime_hooks.apply_response(invocation, result)
         return result
 
 
@@ -329,16 +331,16 @@ def tool_calls_to_parts(tool_calls: Any) -> list[Any]:
 
     parts = []
     for call in tool_calls or []:
-        function = _spans.field(call, "function")
-        arguments = _spans.field(function, "arguments")
+        function = runtime_hooks.field(call, "function")
+        arguments = runtime_hooks.field(function, "arguments")
         if isinstance(arguments, str):
             with suppress(ValueError):
                 arguments = json.loads(arguments)
         parts.append(
             ToolCall(
                 arguments=arguments,
-                name=_spans.field(function, "name"),
-                id=_spans.field(call, "id"),
+                name=runtime_hooks.field(function, "name"),
+                id=runtime_hooks.field(call, "id"),
             )
         )
     return parts
@@ -347,24 +349,26 @@ def tool_calls_to_parts(tool_calls: Any) -> list[Any]:
 def _parts(message: Any) -> list[Any]:
     from opentelemetry.util.genai.types import Text, ToolCallResponse
 
-    content = _spans.field(message, "content")
-    if _spans.field(message, "role") == "tool":
-        return [ToolCallResponse(response=content, id=_spans.field(message, "tool_call_id"))]
+    content = runtime_hooks.field(message, "content")
+    if runtime_hooks.field(message, "role") == "tool":
+        return [ToolCallResponse(response=content, id=runtime_hooks.field(message, "tool_call_id"))]
     parts: list[Any] = []
     if isinstance(content, str) and content:
         parts.append(Text(content=content))
     elif isinstance(content, list):  # content parts: keep their text
         parts += [
-            Text(content=str(_spans.field(p, "text"))) for p in content if _spans.field(p, "text")
+            Text(content=str(runtime_hooks.field(p, "text")))
+            for p in content
+            if runtime_hooks.field(p, "text")
         ]
-    return parts + tool_calls_to_parts(_spans.field(message, "tool_calls"))
+    return parts + tool_calls_to_parts(runtime_hooks.field(message, "tool_calls"))
 
 
 def openai_chat_messages_to_input_messages(messages: Any) -> list[Any]:
     from opentelemetry.util.genai.types import InputMessage
 
     return [
-        InputMessage(role=str(_spans.field(m, "role") or "user"), parts=_parts(m))
+        InputMessage(role=str(runtime_hooks.field(m, "role") or "user"), parts=_parts(m))
         for m in messages or []
     ]
 
@@ -374,26 +378,26 @@ def _output_messages(choices: Any) -> list[Any]:
 
     return [
         OutputMessage(
-            role=str(_spans.field(c, "message", "role") or "assistant"),
-            parts=_parts(_spans.field(c, "message")),
-            finish_reason=str(_spans.field(c, "finish_reason") or "stop"),
+            role=str(runtime_hooks.field(c, "message", "role") or "assistant"),
+            parts=_parts(runtime_hooks.field(c, "message")),
+            finish_reason=str(runtime_hooks.field(c, "finish_reason") or "stop"),
         )
         for c in choices or []
     ]
 
 
 def openai_completion_to_output_messages(completion: Any) -> list[Any]:
-    return _output_messages(_spans.field(unwrap_openai_completion(completion), "choices"))
+    return _output_messages(runtime_hooks.field(unwrap_openai_completion(completion), "choices"))
 
 
 def dashscope_response_to_output_messages(response: Any) -> list[Any]:
     from opentelemetry.util.genai.types import OutputMessage, Text
 
-    choices = _spans.field(response, "output", "choices")
+    choices = runtime_hooks.field(response, "output", "choices")
     if choices:
         return _output_messages(choices)
-    text = _spans.field(response, "output", "text")
+    text = runtime_hooks.field(response, "output", "text")
     if text is None:
         return []
-    reason = _spans.field(response, "output", "finish_reason") or "stop"
+    reason = runtime_hooks.field(response, "output", "finish_reason") or "stop"
     return [OutputMessage(role="assistant", parts=[Text(content=str(text))], finish_reason=reason)]
