@@ -45,7 +45,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -57,7 +57,7 @@ __all__ = ["REJECTED", "GuardedHttpToolsProtocol", "protocol_class", "raw_error"
 log = logging.getLogger("runtime")
 
 REJECTED = "runtime.rejected"  # scope key: (status, code) the protocol answered instead
-_EXTENSIONS = {WHOLE_RESPONSE: {}}
+_EXTENSIONS: dict[str, dict[object, object]] = {WHOLE_RESPONSE: {}}
 HEALTH_RESERVE = 8  # connections past the cap that may still ask GET /health
 LOG_EVERY = 10.0  # seconds between two WARNING lines about rejections
 
@@ -195,7 +195,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             # the app is serving this request (its body, or it is all in and garbage
             # follows): what the client gets is this answer, so that is what it records
-            cycle.scope[REJECTED] = (status, code)
+            # a key of our own: ASGI lets a server add them, uvicorn's HTTPScope is closed
+            cast("dict[str, Any]", cycle.scope)[REJECTED] = (status, code)
         self.transport.write(payload)
         self.transport.close()
         self._count(status, code)

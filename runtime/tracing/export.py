@@ -93,6 +93,7 @@ def builtin_value(value: Any) -> Any:
     kind = type(value)
     if kind in SCALAR_TYPES:
         return value
+    builtin: type[Any]  # each of SCALAR_TYPES, called on a value of a subclass of it
     for builtin in SCALAR_TYPES:
         if isinstance(value, builtin):
             return builtin(value) if builtin is not str else str.__str__(value)

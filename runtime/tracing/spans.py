@@ -118,7 +118,7 @@ class Tracing:
         )
         self.flush_each_request = flush_each_request  # --flush-spans request
 
-    def begin(self, scope: dict[str, Any], input_data: Any) -> tuple[Span, Token[Context]]:
+    def begin(self, scope: Mapping[str, Any], input_data: Any) -> tuple[Span, Token[Context]]:
         """Start the request's processor span, a child of the caller's, and make it current;
         the span, and what ``end`` needs. (Explicit, not a context manager: this is on
         every request's path.)"""
@@ -137,7 +137,7 @@ class Tracing:
             current = otel_context.get_current()
             tracer = self._tracer
             if tracer.roots_only and SPAN_KEY not in current:
-                span = tracer.root()
+                span: Span = tracer.root()
             else:
                 span = tracer.start_span(current)
             return span, otel_context.attach(processor_context(span, current))
@@ -168,7 +168,7 @@ class Tracing:
         span.end()
 
     @contextmanager
-    def request(self, scope: dict[str, Any], input_data: Any) -> Iterator[Span]:
+    def request(self, scope: Mapping[str, Any], input_data: Any) -> Iterator[Span]:
         """``begin`` and ``end`` around a block."""
         span, entered = self.begin(scope, input_data)
         error: BaseException | None = None
@@ -215,9 +215,8 @@ class _RequestTracer:
         return _RequestSpan(self._name, trace_id, span_id, self._export)
 
     def start_span(self, context: Any, attributes: dict[str, Any] | None = None) -> Span:
-        parent = get_current_span(context).get_span_context()
-        if not parent.is_valid:
-            parent = None
+        found = get_current_span(context).get_span_context()
+        parent = found if found.is_valid else None
         if parent is None and self.roots_only:
             span = self.root()
             if attributes:
@@ -319,7 +318,8 @@ class _RequestSpan(Span):
         if self._end or self._status[0] is StatusCode.OK:
             return  # OK is final, as in the SDK
         if isinstance(status, Status):
-            status, description = status.status_code, status.description
+            description = status.description
+            status = status.status_code
         if not isinstance(status, StatusCode):  # what user code gives never fails a request
             log.warning("span status %r left out: not a Status or StatusCode", status)
             return
