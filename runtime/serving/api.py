@@ -14,7 +14,7 @@ from typing import Any
 import anyio.to_thread
 
 from processors_base.models import TaskStatus
-from processors_base.observability.processor import record_output
+from processors_base.observability.runtime_hooks import record_output
 from processors_base.redaction import in_flight
 from runtime import errors
 from runtime.execution.function import Function, ProcessorFailure, RequestError
@@ -260,8 +260,8 @@ class ApiHandler:
             return result, output
         finally:
             run.end()  # nothing fires from now on
-            run.in_slot = False
-            admission.release_slot()
+            # once: a stuck task's slot was given back already when it was abandoned
+            self.runner.release_slot(run)
 
     async def _answer_cancelled(self, run: ApiCall) -> tuple[int, str, str]:
         """Answer a run cancelled for its ``reason``, unless the runner has (or no one is

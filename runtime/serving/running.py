@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 from time import perf_counter
 from typing import Any
 
-from processors_base.observability.processor import record_output
+from processors_base.observability.runtime_hooks import record_output
 from runtime import errors
 from runtime.config import Settings
 from runtime.execution.function import Function

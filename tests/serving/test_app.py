@@ -72,3 +72,29 @@ async def test_a_served_request_leaves_no_garbage_for_the_cycle_collector(app):
         gc.enable()
     assert answers.count(200) == 101 and answers.count(422) == 100
     assert left < 100, f"{left} objects only the cycle collector could free"
+
+
+async def test_a_stuck_request_that_ends_at_last_gives_its_slot_back_once(monkeypatch):
+    """A process() that swallows its cancellation is abandoned (its 504 sent, its slot
+    given back so that others run); when it ends at last, its slot must not be given back
+    a second time: the worker would run more than --concurrency at once from then on."""
+    import asyncio
+
+    from runtime.serving import running
+    from runtime.serving.health import Health
+
+    monkeypatch.setattr(running, "STUCK_AFTER", 0)
+    target = load_target("workspace.odd_fns:SwallowsCancellation", TESTS)
+    application = FunctionApp(Function(target), Settings(concurrency=1, timeout=0.2))
+    application.state = Health.READY  # as after setup
+    body = reward_body(hold=1.0)
+    transport = httpx.ASGITransport(app=application)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        late = await client.post("/api/v1", json=body)
+        assert late.status_code == 504
+        # (in-process, the answer returns once the request's task has ended: held 1 s)
+        while application.runner.stuck_tasks:  # its overdue look, on the loop, ends too
+            await asyncio.sleep(0.01)
+        assert application.admission.in_flight == 0, "a slot given back twice"
+        assert (await client.post("/api/v1", json=reward_body(hold=0))).status_code == 200
+        assert application.admission.in_flight == 0
