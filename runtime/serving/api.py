@@ -14,7 +14,6 @@ from typing import Any
 import anyio.to_thread
 
 from processors_base.models import TaskStatus
-from processors_base.observability.runtime_hooks import record_output
 from processors_base.redaction import in_flight
 from runtime import errors
 from runtime.execution.function import Function, ProcessorFailure, RequestError
@@ -183,7 +182,9 @@ class ApiHandler:
                     in_flight.add(secrets)
                 run.input_data = input_data
                 run.watch(receive)  # only now may another task wait on receive()
-                result, output = await self._process(run, input_data)
+                result, output = await self.runner.run_admitted(
+                    run, input_data, self.function.serialise
+                )
                 if (failed := _failed_result(result)) is not None:
                     code, message = failed  # answered 200 all the same: counted and logged
             except asyncio.CancelledError:
@@ -234,34 +235,6 @@ class ApiHandler:
                     ended = run.answered_at
                 self.finish(scope, started, status, code, message, input_data, error, ended)
             unbind_request(bound)
-
-    async def _process(self, run: ApiCall, input_data: Any) -> tuple[Any, bytes]:
-        """process() in a slot, traced: its result and the answer's body. The run's
-        deadline ends here, whatever happens."""
-        function = self.function
-        admission = self.admission
-        await admission.acquire_slot()
-        run.in_slot = True
-        try:
-            tracing = self.tracing
-            if tracing is None:
-                result = await function.call(input_data)
-                return result, function.serialise(result)
-            # inline, not a coroutine of its own: this is every request's path
-            span, entered = tracing.begin(run.scope, input_data)
-            try:
-                result = await function.call(input_data)
-                record_output(span, result)
-                output = function.serialise(result)
-            except BaseException as exc:
-                tracing.end(span, entered, exc)
-                raise
-            tracing.end(span, entered)
-            return result, output
-        finally:
-            run.end()  # nothing fires from now on
-            # once: a stuck task's slot was given back already when it was abandoned
-            self.runner.release_slot(run)
 
     async def _answer_cancelled(self, run: ApiCall) -> tuple[int, str, str]:
         """Answer a run cancelled for its ``reason``, unless the runner has (or no one is

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from time import perf_counter
 from typing import Any
 
@@ -112,20 +112,34 @@ class Runner:
     def deadline_message(self) -> str:
         return f"the request did not finish within its {self.timeout:g}s deadline"
 
-    async def run_admitted(self, run: Running, input_data: Any) -> Any:
-        """Run one admitted input in a slot, traced; what process() returned. Its deadline
-        ends here; its place in the admission is the caller's to give back."""
+    async def run_admitted(
+        self, run: Running, input_data: Any, serialise: Callable[[Any], bytes] | None = None
+    ) -> tuple[Any, bytes]:
+        """Run one admitted input in a slot, traced: what process() returned and, with
+        ``serialise``, the answer's body made in the slot and the span (else b""). Its
+        deadline ends here, and its slot is given back once (a stuck request's was already);
+        its place in the admission is the caller's to give back."""
+        function = self.function
         await self.admission.acquire_slot()
         run.in_slot = True
         try:
-            if self.tracing is None:
-                return await self.function.call(input_data)
-            with self.tracing.request(run.scope, input_data) as span:
-                result = await self.function.call(input_data)
+            tracing = self.tracing
+            if tracing is None:
+                result = await function.call(input_data)
+                return result, serialise(result) if serialise else b""
+            # begin/end inline, not a context manager: this is every request's path
+            span, entered = tracing.begin(run.scope, input_data)
+            try:
+                result = await function.call(input_data)
                 record_output(span, result)
-                return result
+                output = serialise(result) if serialise else b""
+            except BaseException as exc:
+                tracing.end(span, entered, exc)
+                raise
+            tracing.end(span, entered)
+            return result, output
         finally:
-            run.end()
+            run.end()  # nothing fires from now on
             self.release_slot(run)
 
     def release_slot(self, run: Running) -> None:

@@ -537,7 +537,7 @@ class TrainerRoutes:
         scored = Scored(0.0, code=errors.INTERNAL_ERROR, message="internal error of the runtime")
         try:
             try:
-                result = await runner.run_admitted(run, input_data)
+                result, _ = await runner.run_admitted(run, input_data)
                 scored = self._scored(result)
             except asyncio.CancelledError:
                 if run.reason is None:

@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from contextvars import Token
 from random import getrandbits
 from time import time_ns
@@ -166,19 +165,6 @@ class Tracing:
             record_error(span, error)
         otel_context.detach(entered)  # (begin's token, in begin's task)
         span.end()
-
-    @contextmanager
-    def request(self, scope: Mapping[str, Any], input_data: Any) -> Iterator[Span]:
-        """``begin`` and ``end`` around a block."""
-        span, entered = self.begin(scope, input_data)
-        error: BaseException | None = None
-        try:
-            yield span
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self.end(span, entered, error)
 
     def flush(self) -> None:
         self.provider.force_flush(timeout_millis=5000)
