@@ -120,7 +120,7 @@ class RewardClient:
             tries += 1
             try:  # the wait for a free slot counts against the deadline too
                 await asyncio.wait_for(self._semaphore.acquire(), deadline - time.monotonic())
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
                 return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
             try:
                 left = deadline - time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -64,7 +64,7 @@ class AbstractRolloutProcessor(AbstractProcessor):
     output_model = RolloutOutput
 
     @abstractmethod
-    def process(self, input_data: RolloutInput) -> RolloutOutput: ...
+    def process(self, input_data: RolloutInput) -> RolloutOutput | Awaitable[RolloutOutput]: ...
 
 
 class _ContextThreadPool(ThreadPoolExecutor):
@@ -88,7 +88,7 @@ class AbstractRewardProcessor(AbstractProcessor):
             self.executor = executor
 
     @abstractmethod
-    def process(self, input_data: RewardInput) -> RewardOutput: ...
+    def process(self, input_data: RewardInput) -> RewardOutput | Awaitable[RewardOutput]: ...
 
     @property
     def executor(self) -> Executor | None:
@@ -166,4 +166,6 @@ class AbstractGroupRewardProcessor(AbstractProcessor):
     output_model = GroupRewardOutput
 
     @abstractmethod
-    def process(self, input_data: GroupRewardInput) -> GroupRewardOutput: ...
+    def process(
+        self, input_data: GroupRewardInput
+    ) -> GroupRewardOutput | Awaitable[GroupRewardOutput]: ...

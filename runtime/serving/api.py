@@ -241,24 +241,24 @@ class ApiHandler:
         there to answer); the (status, code, message) of its line."""
         if run.reason is Reason.DISCONNECT:  # no one to answer
             return 499, errors.CLIENT_DISCONNECTED, "client disconnected; processing was cancelled"
-        if run.reason is Reason.SHUTDOWN:
-            code, message = errors.DRAINING, self.runner.past_grace
-            if run.claim():
-                await send_json(run.send, 503, errors.error_body(code, message), _RETRY_AFTER)
-            return 503, code, message
-        code, message = errors.DEADLINE_EXCEEDED, self.runner.deadline_message()
+        stopped = self.runner.stopped_answer(run.reason)
         if run.claim():
-            await send_json(run.send, 504, self.function.failure(code, message))
-        return 504, code, message
+            await self._send_stopped(run.send, stopped)
+        return stopped
 
     async def answer_late(self, run: ApiCall) -> None:
-        """Send ``run.late``, the 504 of its deadline or the 503 of a stop past --grace."""
+        """Send ``run.late``, the answer the runner gave it when it stopped it."""
         assert run.late is not None
-        status, code, message = run.late
+        await self._send_stopped(run.send, run.late)
+
+    async def _send_stopped(self, send: Any, stopped: tuple[int, str, str]) -> None:
+        """A deadline's 504 is a failed output, as the function's own failures are; a stop's
+        503 is an error to retry."""
+        status, code, message = stopped
         if status == 504:
-            await send_json(run.send, 504, self.function.failure(code, message))
+            await send_json(send, 504, self.function.failure(code, message))
         else:
-            await send_json(run.send, status, errors.error_body(code, message), _RETRY_AFTER)
+            await send_json(send, status, errors.error_body(code, message), _RETRY_AFTER)
 
     def finish(
         self,

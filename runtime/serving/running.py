@@ -112,6 +112,13 @@ class Runner:
     def deadline_message(self) -> str:
         return f"the request did not finish within its {self.timeout:g}s deadline"
 
+    def stopped_answer(self, reason: Reason | None) -> tuple[int, str, str]:
+        """(status, code, message) of a request stopped by a stop that ran past --grace
+        (503) or by its deadline (504)."""
+        if reason is Reason.SHUTDOWN:
+            return 503, errors.DRAINING, self.past_grace
+        return 504, errors.DEADLINE_EXCEEDED, self.deadline_message()
+
     async def run_admitted(
         self, run: Running, input_data: Any, serialise: Callable[[Any], bytes] | None = None
     ) -> tuple[Any, bytes]:
@@ -173,10 +180,7 @@ class Runner:
         assert task is not None
         reason = run.reason
         if reason is not Reason.DISCONNECT and not task.done() and run.claim():
-            if reason is Reason.DEADLINE:
-                run.late = (504, errors.DEADLINE_EXCEEDED, self.deadline_message())
-            else:  # the server stops and the request ran past --grace
-                run.late = (503, errors.DRAINING, self.past_grace)
+            run.late = self.stopped_answer(reason)
             run.answered_at = perf_counter()  # its latency: when the client got it
             with contextlib.suppress(Exception):  # the client may be gone
                 await run.answer_late()

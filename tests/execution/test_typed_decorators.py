@@ -17,7 +17,9 @@ from conftest import ROOT
 USER_FILE = """\
 from processors_base import (
     AbstractRewardProcessor,
+    AbstractRolloutProcessor,
     RewardInput,
+    RolloutInput,
     RewardOutput,
     aggregate_func,
     reward_func,
@@ -94,6 +96,16 @@ reveal_type(Observed().lookup)
 reveal_type(ask)
 reveal_type(ask_async)
 reveal_type(add)
+
+
+class AsyncReward(AbstractRewardProcessor):  # process may be async: no [override] error
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        raise NotImplementedError
+
+
+class WrongRollout(AbstractRolloutProcessor):  # an error: a rollout returns RolloutOutput
+    def process(self, input_data: RolloutInput) -> int:
+        return 0
 """
 
 
@@ -163,6 +175,7 @@ def test_a_users_type_checker_sees_the_decorated_types(tmp_path):
         "def (model: str, prompt: str) -> typing.Coroutine[Any, Any, int]",
         "def (a: int, b: int =) -> int",
     ], observed
-    # the one error is the misuse (without py.typed: an import error, and Any everywhere)
-    assert len(errors) == 1, done.stdout
+    # the two errors are the misuses (without py.typed: an import error, and Any everywhere)
+    assert len(errors) == 2, done.stdout
     assert 'cannot be "type[NotAProcessor]"' in errors[0] and "[type-var]" in errors[0]
+    assert 'Return type "int" of "process"' in errors[1] and "[override]" in errors[1]

@@ -302,16 +302,19 @@ SETTINGS = _settings()
 # --- logging ------------------------------------------------------------------------------
 
 
+class _StderrHandler(logging.StreamHandler):
+    """The handler setup_logger adds, told apart from the user's own by its class."""
+
+
 def setup_logger() -> logging.Logger:
     """The functions' logger at LOG_LEVEL, writing to stderr (once, however often called)."""
     logger = logging.getLogger("processors")
     logger.setLevel(getattr(logging, SETTINGS["LOG_LEVEL"], logging.INFO))
-    if not any(getattr(h, "_sdk_alias", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler(sys.stderr)
         handler.setFormatter(
             logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s")
         )
-        handler._sdk_alias = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     return logger
 
