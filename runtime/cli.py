@@ -9,22 +9,20 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import anyio.to_thread
 import orjson
 
-from runtime.compat import sdk as sdk_compat
 from runtime.config import Settings, SettingsError, add_options, resolve
 from runtime.deploy.manifests import add_manifests_command, run_manifests
-from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
 from runtime.eval import cli as eval_cli
-from runtime.execution.function import Function, ProcessorFailure, RequestError, redact
-from runtime.execution.loading import Target, TargetError, load_target
-from runtime.logs import bind_secrets, setup_logging, user_traceback
 from runtime.platform import cli as platform_cli
-from runtime.platform.shadowing import workspace_shadows
+
+if TYPE_CHECKING:
+    from runtime.execution.function import ProcessorFailure
+    from runtime.execution.loading import Target
 
 __all__ = ["main"]
 
@@ -119,12 +117,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(run_manifests(args))
     if args.command == eval_cli.COMMAND:
         sys.exit(eval_cli.run(args))
+    _run_function(args)
+
+
+def _run_function(args: argparse.Namespace) -> None:
+    """``serve`` or ``invoke``: the user's class loaded, then served or called once. (What
+    only these two need is imported here: the platform's commands start faster without.)"""
+    from runtime.compat import sdk as sdk_compat
+    from runtime.execution.loading import TargetError, load_target
+    from runtime.logs import setup_logging
+
     try:
         settings = resolve(args)
     except SettingsError as exc:
         _fail(2, f"invalid setting {exc}")
     setup_logging(settings.log_level, settings.log_format)
     _check_shadowing(settings.workspace)
+    # what runs the class is imported before load_target puts the workspace first on
+    # sys.path, where a uvicorn.py or orjson.py of the user's would stand in for ours
+    if args.command == "invoke":
+        import runtime.execution.function
+    elif settings.ray:
+        import runtime.deploy.ray_serve
+    else:
+        import runtime.serving.server
+        import runtime.serving.supervisor  # noqa: F401
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:
@@ -140,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         startup.info(
             "serving %s (%s): %s", target.spec, target.func_type.value, settings.describe()
         )
+        if settings.workers > 1:  # spawned workers start on this sys.path: the runtime's
+            sys.path.remove(str(target.workspace))  # first, as here (each loads the class itself)
         _serve(settings)
         return
 
@@ -153,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 async def _invoke_once(
     target: Target, body: bytes, threads: int, sub_reward_errors: str = "zero"
 ) -> int:
+    from runtime.execution.function import Function, ProcessorFailure, RequestError
+    from runtime.logs import bind_secrets
+
     anyio.to_thread.current_default_thread_limiter().total_tokens = threads
     try:
         function = Function(target, threads=threads, sub_reward_errors=sub_reward_errors)
@@ -182,6 +204,10 @@ async def _invoke_once(
 
 def _print_user_traceback(failure: ProcessorFailure, input_data: object) -> None:
     """The traceback of the user code that raised (the runtime's frames left out), scrubbed."""
+    from runtime.errors import PROCESSOR_ERROR, SETUP_FAILED
+    from runtime.execution.function import redact
+    from runtime.logs import user_traceback
+
     if failure.__cause__ is not None and failure.code in (PROCESSOR_ERROR, SETUP_FAILED):
         sys.stderr.write(redact(user_traceback(failure.__cause__), input_data))
 
@@ -197,6 +223,7 @@ def _check_shadowing(workspace: str) -> None:
     first), which may be harmless (a stray file nothing imports), so a warning names it."""
     import processors_base
     import runtime
+    from runtime.platform.shadowing import workspace_shadows
 
     home = Path(runtime.__path__[0]).resolve().parent
     imported = Path(processors_base.__file__ or "").resolve()

@@ -10,6 +10,7 @@ file, the data, ``--out``); 128 + the signal when stopped by one (130 Ctrl-C, 14
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
@@ -56,14 +57,29 @@ def add_command(commands: Any) -> None:
         description="Serve each function of the job file from the package `register` would "
         "upload, run K rollouts for each of the first N data lines against an "
         "OpenAI-compatible LLM, score them with every reward and group reward over HTTP, "
-        "and report scores, failures, latencies and red flags. Exit codes: 0 completed; "
+        "and report scores, failures, latencies and red flags; or, with --compare OLD NEW, "
+        "compare two earlier runs. Exit codes: 0 completed; "
         "1 stopped early, a function could not start, the LLM did not answer, or a red flag "
-        "with --fail-on-flags; 2 usage error; 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.",
+        "with --fail-on-flags; 2 usage error (with --compare: a directory that is not a "
+        "run's --out, or runs with no sample in common); 130 Ctrl-C, 143 SIGTERM, "
+        "129 SIGHUP.",
         epilog="example: cd sample_functions && python -m runtime eval -c rl-job.yaml "
         "--llm-base-url http://127.0.0.1:8001/v1 --out /tmp/calc-eval  (keep --out outside "
-        "the workspace: register would package it)",
+        "the workspace: register would package it); then, after a change, a run with --out "
+        "/tmp/calc-eval-2 and: python -m runtime eval --compare /tmp/calc-eval "
+        "/tmp/calc-eval-2",
     )
-    parser.add_argument("-c", "--config", required=True, metavar="YAML", help="the job file")
+    parser.add_argument("-c", "--config", metavar="YAML", help="the job file (required to run)")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="compare two earlier runs (their --out directories) instead of running: each "
+        "reward's and sub-reward's mean, std, failure rate and zero-variance share side by "
+        "side, the change and whether it is significant (paired bootstrap over the samples "
+        "both scored), the samples that changed most; a table, and compare.html written "
+        "into NEW, or into --out DIR when given",
+    )
     parser.add_argument(
         "--split",
         choices=("training", "validation"),
@@ -99,7 +115,8 @@ def add_command(commands: Any) -> None:
         "--out",
         metavar="DIR",
         help="write trajectories.jsonl, summary.json, report.html and the servers' logs here "
-        "(checked before the run; a directory holding other files is refused without --force)",
+        "(checked before the run; a directory holding other files is refused without --force); "
+        "with --compare: where compare.html goes (default: NEW)",
     )
     parser.add_argument(
         "--force",
@@ -166,7 +183,14 @@ def run(args: argparse.Namespace) -> int:
     """Run ``eval``; its exit status."""
     previous = {sig: signal.signal(sig, _interrupt) for sig in _STOPPING}
     try:
-        return _run(args)
+        try:
+            return _run(args)
+        except asyncio.CancelledError:
+            # Ctrl-C in anyio.run before Python 3.11: the main task is cancelled, and
+            # without Task.uncancel the cancellation comes out instead of KeyboardInterrupt
+            if sys.version_info >= (3, 11):
+                raise
+            raise KeyboardInterrupt from None
     except KeyboardInterrupt as exc:
         # a second signal while stopping must not cut the cleanup short
         for sig in _STOPPING:
@@ -250,6 +274,13 @@ def _prepare_out(out: Path, force: bool) -> OutDir | str:
 
 def _run(args: argparse.Namespace) -> int:
     global _scrub
+    if args.compare:
+        from runtime.eval import compare
+
+        old, new = args.compare
+        return compare.run(old, new, args.out)
+    if not args.config:
+        return _error("the following arguments are required: -c/--config (or --compare)", 2)
     from runtime.eval import plan as plans
     from runtime.eval.serving import remove_stale
 
@@ -339,19 +370,20 @@ def _evaluate(
             "package it with the functions; write it elsewhere, or exclude it "
             "(FC_ZIP_EXCLUDE_PATTERNS)"
         )
+    logs: dict[str, str] = {}  # each server's log, once stopped: sub-rewards' errors
     try:
         with contextlib.ExitStack() as stack:
             starting = f"starting {len(plan.functions)} function(s) from their packages"
             with reporter.step(starting) if plan.functions else contextlib.nullcontext():
                 served = stack.enter_context(
-                    serving.serve_all(plan.functions, directory, plan.scrub.text)
+                    serving.serve_all(plan.functions, directory, plan.scrub.text, logs)
                 )
             urls = {name: s.url for name, s in served.items()}
             results = runner.run(plan, urls, serving.exited(served))
     except plans.StartError as exc:
         return _error(str(exc), 1)
 
-    summary = stats.summarise(plan, results, weights)
+    summary = stats.summarise(plan, results, weights, logs)
     try:  # the files first: a table that fails to print must not lose them
         if out is not None and directory is not None:
             report.write_files(plan, results, summary, directory)

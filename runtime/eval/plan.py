@@ -63,6 +63,11 @@ class Sample:
     record: dict[str, Any]
     ground_truth: Any
 
+    @property
+    def id(self) -> str:
+        """How eval names the line: ``calc_train.jsonl:3`` (``--compare`` pairs on it)."""
+        return f"{Path(self.file).name}:{self.line}"
+
 
 @dataclass
 class Plan:

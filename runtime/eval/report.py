@@ -20,9 +20,16 @@ import orjson
 from runtime.eval.files import OutDir, terminal
 from runtime.eval.plan import Plan
 from runtime.eval.runner import Results, Trajectory
-from runtime.eval.stats import total_of, unscored
+from runtime.eval.stats import failed_sub_rewards, prompt_line, total_of, unscored
 
-__all__ = ["ReportUnavailable", "print_table", "write_files", "write_html"]
+__all__ = [
+    "ReportUnavailable",
+    "failure_rows",
+    "print_table",
+    "templates",
+    "write_files",
+    "write_html",
+]
 
 SHOWN = 10  # lowest and highest scored trajectories on the page
 _CONTENT_LIMIT = 4000  # characters of one message on the page
@@ -68,6 +75,80 @@ def _print_whole(console: Any, table: Any) -> None:
         console.print(table)
     finally:
         console.width = width
+
+
+def _one_line(text: str | None, limit: int = 160) -> str:
+    lines = (text or "").strip().splitlines() or [""]
+    line = lines[0] + (" [...]" if len(lines) > 1 else "")
+    return line if len(line) <= limit else line[:limit] + " [...]"
+
+
+def failure_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where failures happened, most first: each function with failed calls and each
+    sub-reward that failed, with its calls, failures, rate and top error messages."""
+    rows = []
+    for name, row in summary["functions"].items():
+        if row["failures"]:
+            rows.append(
+                {
+                    "where": name,
+                    "kind": row["type"],
+                    "calls": row["calls"],
+                    "failures": row["failures"],
+                    "failure_rate": row["failure_rate"],
+                    "errors": row.get("error_messages", []),
+                    "logged": False,
+                    "first_failure": None,
+                }
+            )
+    for name, reward in summary["rewards"].items():
+        for sub, row in reward["sub_rewards"].items():
+            if row["failures"]:
+                rows.append(
+                    {
+                        "where": f"{name} └ {sub}",
+                        "kind": "sub-reward",
+                        "calls": row["calls"],
+                        "failures": row["failures"],
+                        "failure_rate": row["failure_rate"],
+                        "errors": row["errors_logged"],
+                        "logged": True,
+                        "first_failure": row["first_failure"],
+                    }
+                )
+    return sorted(rows, key=lambda r: -r["failures"])
+
+
+def _error_text(error: dict[str, Any], logged: bool) -> str:
+    code = "" if logged else f"{error['code']}: "
+    times = f"logged {error['count']}x" if logged else f"{error['count']}x"
+    example = f", e.g. {error['example']}" if error.get("example") else ""
+    return f"{code}{_one_line(error['message'])} ({times}{example})"
+
+
+def _print_failures(console: Any, summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    rows = failure_rows(summary)
+    if not rows:
+        return
+    table = Table(title="Failures", **_TABLE)
+    for column in ("where", "calls", "failed", "top errors (count, e.g. sample)"):
+        table.add_column(
+            column, justify="right" if column in ("calls", "failed") else "left", no_wrap=True
+        )
+    for row in rows:
+        errors = [_error_text(e, row["logged"]) for e in row["errors"]]
+        if row["logged"]:
+            where = f", first on {row['first_failure']}" if row["first_failure"] else ""
+            errors.append(f"(the server logs one failure a minute: see logs/{where})")
+        table.add_row(
+            row["where"],
+            str(row["calls"]),
+            f"{row['failures']} ({row['failure_rate']:.0%})",
+            "\n".join(errors) or "-",
+        )
+    _print_whole(console, table)
 
 
 def print_table(summary: dict[str, Any], stream: Any = None) -> None:
@@ -149,7 +230,8 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
             )
             for sub, stats in row["sub_rewards"].items():
                 failed = f" ({stats['failures']} failed)" if stats["failures"] else ""
-                add(f"  └ {sub}{failed}", stats["weight"], stats, "")
+                groups = f"{stats['zero_variance_groups']} of {stats['groups']}"
+                add(f"  └ {sub}{failed}", stats["weight"], stats, groups)
         total = summary.get("total")
         if total is not None:
             add(
@@ -160,14 +242,33 @@ def print_table(summary: dict[str, Any], stream: Any = None) -> None:
             )
         _print_whole(console, rewards)
 
+    _print_failures(console, summary)
+
     done = summary["trajectories"]
+    parts = [
+        f"{done[key]} {what}"
+        for key, what in (
+            ("failed_rollout", "rollout"),
+            ("failed_reward", "reward"),
+            ("failed_sub_reward", "sub-reward"),
+        )
+        if done.get(key)
+    ]
     console.print(
         f"{summary['samples']} samples x {summary['rollouts_per_sample']} rollouts = "
-        f"{done['total']} trajectories: {done['succeeded']} succeeded, {done['failed']} failed, "
-        f"{done['not_run']} not run"
+        f"{done['total']} trajectories: {done['succeeded']} succeeded, {done['failed']} failed"
+        + (f" (on: {', '.join(parts)})" if parts else "")
+        + f", {done['not_run']} not run"
         + (f" ({done['unscored']} succeeded but unscored: stopped)" if done["unscored"] else "")
         + f", in {summary['elapsed_s']:.1f} s"
     )
+    failures = summary.get("failures") or {}
+    if failures.get("total"):
+        console.print(
+            f"{failures['total']} failure(s): {failures['calls']} failed call(s), "
+            f"{failures['sub_rewards']} failed sub-reward(s)",
+            style="bold red",
+        )
     for name, row in summary["rewards"].items():
         if row.get("sub_rewards_without_weight"):
             console.print(
@@ -315,9 +416,10 @@ def _content(message: dict[str, Any]) -> str:
     return text if len(text) <= _CONTENT_LIMIT else text[:_CONTENT_LIMIT] + " [...]"
 
 
-def _transcript(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
-    """A trajectory as the page shows it, its values scrubbed (before a message is cut
-    short: a secret cut in two would not be found)."""
+def _transcript(plan: Plan, trajectory: Trajectory, rollouts: list[int]) -> dict[str, Any]:
+    """A trajectory as the page shows it (one of ``rollouts``, identical), its values
+    scrubbed (before a message is cut short: a secret cut in two would not be found); its
+    badges in the job's order of rewards, whatever order they were scored in."""
     scrub = plan.scrub.value
     messages = []
     for message in scrub(trajectory.messages or []):
@@ -335,19 +437,47 @@ def _transcript(plan: Plan, trajectory: Trajectory) -> dict[str, Any]:
                 "tool_calls": calls,
             }
         )
+    badges = []
+    for function in plan.rewards + plan.group_rewards:
+        error = trajectory.errors.get(function.name)
+        badges.append(
+            {
+                "name": function.name,
+                "score": trajectory.scores.get(function.name),
+                "error": error.get("code") if error else None,
+            }
+        )
+    word = "rollout" if len(rollouts) == 1 else "rollouts"
     return {
-        "where": f"{Path(trajectory.sample.file).name}:{trajectory.sample.line} "
-        f"rollout {trajectory.index}",
+        "sample": trajectory.sample.id,
+        "where": f"{word} {', '.join(map(str, rollouts))}",
+        "count": len(rollouts),
         "total": total_of(plan, trajectory),
-        "scores": trajectory.scores,
-        "errors": scrub(trajectory.errors),
+        "badges": badges,
+        "failed_sub_rewards": failed_sub_rewards(trajectory),
         "ground_truth": scrub(trajectory.sample.ground_truth),
         "messages": messages,
     }
 
 
-def _ranked(plan: Plan, results: Results) -> tuple[list[Trajectory], list[Trajectory]]:
-    """The lowest and the highest scored trajectories, none shown twice."""
+def _identical(trajectories: list[Trajectory]) -> list[tuple[Trajectory, list[int]]]:
+    """Each distinct trajectory of a sample once, with the rollouts that were the same
+    (messages, scores, metrics and errors alike)."""
+    found: dict[tuple[int, bytes], tuple[Trajectory, list[int]]] = {}
+    for t in trajectories:
+        what = [t.messages, t.scores, t.metrics, t.errors]
+        try:
+            text = orjson.dumps(what, option=orjson.OPT_SORT_KEYS, default=str)
+        except TypeError:  # a key that is not a string: never the same as another
+            text = repr(id(t)).encode()
+        found.setdefault((id(t.sample), text), (t, []))[1].append(t.index)
+    return list(found.values())
+
+
+def _ranked(
+    plan: Plan, results: Results
+) -> tuple[list[tuple[Trajectory, list[int]]], list[tuple[Trajectory, list[int]]]]:
+    """The lowest and the highest scored distinct trajectories, none shown twice."""
 
     def key(t: Trajectory) -> float | None:
         total = total_of(plan, t)
@@ -356,17 +486,34 @@ def _ranked(plan: Plan, results: Results) -> tuple[list[Trajectory], list[Trajec
         return sum(t.scores.values())
 
     scored = sorted(
-        (t for t in results.trajectories if key(t) is not None),
-        key=lambda t: (key(t), t.sample.line, t.index),
+        (item for item in _identical(results.trajectories) if key(item[0]) is not None),
+        key=lambda item: (key(item[0]), item[0].sample.line, item[0].index),
     )
     lowest = scored[: min(SHOWN, math.ceil(len(scored) / 2))]
     highest = scored[len(lowest) :][::-1][:SHOWN]
     return lowest, highest
 
 
-def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: OutDir) -> Path:
-    """``report.html``, rendered (escaped) from values scrubbed before: the page itself is
-    never scrubbed, so that no secret can delete its markup."""
+def _by_prompt(plan: Plan, items: list[tuple[Trajectory, list[int]]]) -> list[dict[str, Any]]:
+    """The transcripts under their prompt, the prompts in the order of their first."""
+    groups: dict[int, dict[str, Any]] = {}
+    for trajectory, rollouts in items:
+        sample = trajectory.sample
+        group = groups.setdefault(
+            id(sample),
+            {
+                "sample": sample.id,
+                "prompt": plan.scrub.text(prompt_line(sample.record.get("messages"))),
+                "transcripts": [],
+            },
+        )
+        group["transcripts"].append(_transcript(plan, trajectory, rollouts))
+    return list(groups.values())
+
+
+def templates() -> Any:
+    """The jinja2 environment of eval's pages (autoescaped); ReportUnavailable without
+    jinja2 or matplotlib."""
     try:
         import jinja2
         import matplotlib  # noqa: F401
@@ -383,12 +530,21 @@ def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: OutDi
     environment.filters["num"] = _num
     environment.filters["share"] = _share
     environment.filters["seconds"] = _seconds
+    environment.filters["one_line"] = _one_line
+    return environment
+
+
+def write_html(plan: Plan, results: Results, summary: dict[str, Any], out: OutDir) -> Path:
+    """``report.html``, rendered (escaped) from values scrubbed before: the page itself is
+    never scrubbed, so that no secret can delete its markup."""
+    environment = templates()
     lowest, highest = _ranked(plan, results)
     page = environment.get_template("report.html").render(
         summary=summary,
+        failures=failure_rows(summary),
         charts=_charts(summary, results, plan),
-        lowest=[_transcript(plan, t) for t in lowest],
-        highest=[_transcript(plan, t) for t in highest],
+        lowest=_by_prompt(plan, lowest),
+        highest=_by_prompt(plan, highest),
         job_name=plan.scrub.text(plan.job.config.name),
     )
     out.write("report.html", (page.encode(),))

@@ -50,6 +50,7 @@ class Call:
     latency: float
     error_code: str | None = None
     error: str | None = None
+    sample: str | None = None  # the data line it was for (Sample.id)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Results:
     calls: list[Call]
     stopped: str | None
     elapsed: float
+    started_at: float = 0.0  # seconds since the epoch
 
 
 # name -> why its server is gone ("exited with code 137; its log ends: ..."), or None
@@ -305,6 +307,7 @@ class _Runner:
             call.ok, call.error_code, call.error = False, "NO_AGENT_OUTPUT", "agent_output: null"
         trajectory.status = "success" if call.ok else "failed"
         trajectory.error_code, trajectory.error = call.error_code, call.error
+        call.sample = sample.id
         self._record(call, "rollouts")
 
     async def _complete(self, trajectory: Trajectory) -> None:
@@ -359,6 +362,7 @@ class _Runner:
             trajectory.agent_output = {"messages": trajectory.messages}
         trajectory.status = "success" if call.ok else "failed"
         trajectory.error_code, trajectory.error = call.error_code, call.error
+        call.sample = trajectory.sample.id
         self._record(call, "chat completions")
 
     async def _reward(self, function: FunctionUnderTest, trajectory: Trajectory) -> None:
@@ -379,6 +383,7 @@ class _Runner:
             trajectory.metrics[function.name] = _metrics(reward)
         else:
             trajectory.errors[function.name] = {"code": call.error_code, "message": call.error}
+        call.sample = trajectory.sample.id
         self._record(call, f"reward {function.name}")
 
     async def _group(self, function: FunctionUnderTest, group: list[Trajectory]) -> None:
@@ -411,6 +416,7 @@ class _Runner:
                     "code": call.error_code or "INVALID_OUTPUT",
                     "message": call.error or f"rewards[{position}] has no reward_score",
                 }
+        call.sample = scored[0].sample.id
         self._record(call, f"group {function.name}")
 
     async def _guarded(self, function: str, stage: str, work: Any, *args: Any) -> None:
@@ -494,8 +500,9 @@ def run(plan: Plan, urls: dict[str, str], exited: Exited | None = None) -> Resul
     """Run the plan against the served functions (name -> base URL); ``exited`` says why a
     function's server is gone, when it is."""
     trajectories = [Trajectory(s, k) for s in plan.samples for k in range(plan.rollouts)]
-    started = time.monotonic()
+    started_at, started = time.time(), time.monotonic()
     with _Progress(plan) as progress:
         runner = _Runner(plan, urls, progress, exited)
         anyio.run(runner.run, trajectories)
-    return Results(trajectories, runner.calls, runner.stopped, time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    return Results(trajectories, runner.calls, runner.stopped, elapsed, started_at)

@@ -249,9 +249,11 @@ def serve_all(
     functions: list[FunctionUnderTest],
     out: OutDir | None = None,
     scrub: Callable[[str], str] = str,
+    logs: dict[str, str] | None = None,
 ) -> Iterator[dict[str, Served]]:
     """Every function served and ready; all stopped and the directory removed on exit. The
-    logs copied to ``logs/`` in ``out`` pass through ``scrub``."""
+    logs copied to ``logs/`` in ``out`` pass through ``scrub``; ``logs``, when given, gets
+    each function's whole log by its name once its server has stopped (unscrubbed)."""
     root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     started: list[Served] = []
     try:
@@ -263,9 +265,13 @@ def serve_all(
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)
+        for served in started:
+            if logs is not None:  # read once every line is written: the server has stopped
+                with contextlib.suppress(OSError):
+                    logs[served.function.name] = served.log.read_text("utf-8", "replace")
         if out is not None and started:
-            with contextlib.suppress(OSError), out.subdir("logs") as logs:
+            with contextlib.suppress(OSError), out.subdir("logs") as copies:
                 for served in started:
                     text = served.log.read_text(encoding="utf-8", errors="replace")
-                    logs.write(served.log.name, (scrub(text).encode(),))
+                    copies.write(served.log.name, (scrub(text).encode(),))
         shutil.rmtree(root, ignore_errors=True)

@@ -527,6 +527,7 @@ class Walk:
         self.platform: tuple[str, int] | None = None
         self.ran: list[str] = []
         self.compared: set[int] = set()  # lines of the text blocks compared
+        self.outs: dict[str, str] = {}  # eval's --out as shown -> where it went
 
     def close(self) -> None:
         if self.server is not None:
@@ -597,6 +598,12 @@ class Walk:
         if "--out" in args:
             shown, out = args[args.index("--out") + 1], str(self.tmp / f"eval-{block.line}")
             args[args.index("--out") + 1] = out
+            self.outs[shown] = out
+        if "--compare" in args:  # two runs this page made, in the --out it gave each
+            at = args.index("--compare")
+            for i in (at + 1, at + 2):
+                assert args[i] in self.outs, f"{block.where}: --compare of a run not made"
+                args[i] = self.outs[args[i]]
         done = subprocess.run(
             [sys.executable, "-m", "runtime", *args],
             cwd=self.workspace,

@@ -159,7 +159,11 @@ def test_sample_functions_give_known_scores(sample_run: Any) -> None:
         "failed": 0,
         "not_run": 0,
         "unscored": 0,
+        "failed_rollout": 0,
+        "failed_reward": 0,
+        "failed_sub_reward": 0,
     }
+    assert summary["failures"] == {"calls": 0, "sub_rewards": 0, "total": 0}
 
     answer = summary["rewards"]["answer-match"]
     # lines 1-3: seeds 0 and 2 right, 1 and 3 wrong; lines 4-8: all wrong
@@ -178,7 +182,15 @@ def test_sample_functions_give_known_scores(sample_run: Any) -> None:
     assert (total["groups"], total["zero_variance_groups"]) == (8, 5)
 
     flags = {(f["kind"], f["function"]) for f in summary["flags"]}
-    assert flags == {("constant", "safety"), ("zero_variance", "total")}
+    # answer_found is 1 on every trajectory (the stand-in always answers in the format);
+    # safety's own sub-rewards are not flagged again under its flag
+    assert flags == {
+        ("constant", "safety"),
+        ("sub_reward_constant", "answer-match"),
+        ("zero_variance", "total"),
+    }
+    flat = [g["sample"] for g in total["zero_variance_samples"]]
+    assert flat == [f"calc_train_min.jsonl:{n}" for n in range(4, 9)]
     functions = summary["functions"]
     assert [functions[n]["calls"] for n in ("calc-rollout", "answer-match", "group-norm")] == [
         32,
@@ -317,6 +329,11 @@ def test_a_slow_reward_and_a_failing_sub_reward_are_flagged(tmp_path: Path) -> N
     assert half["sub_rewards"]["format"]["failures"] == 0
     failing = [f for f in summary["flags"] if f["kind"] == "sub_reward_failing"]
     assert [(f["function"], "judge" in f["message"]) for f in failing] == [("half-broken", True)]
+    # only sub-rewards failed: counted as failures, the page's header amber
+    assert summary["failures"] == {"calls": 0, "sub_rewards": 4, "total": 4}
+    assert "4 succeeded, 0 failed" not in done.stdout and "0 succeeded, 4 failed" in done.stdout
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert '<span class="status warn">completed · 4 failure(s)</span>' in page
 
 
 def test_without_the_eval_extra_the_page_is_skipped_and_said_so(tmp_path: Path) -> None:
@@ -464,7 +481,7 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert marker.exists(), (tmp_path / "err").read_text()
         process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 130
+        assert process.wait(60) == 130, (tmp_path / "err").read_text()
     assert "interrupted" in (tmp_path / "err").read_text()
     # the autouse fixture: no server left running, no temporary directory left behind
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLES
+from conftest import ROOT, SAMPLES, reward_body
 
 from runtime.platform import packaging
 from runtime.platform.functions import Component, check_imports
@@ -170,3 +170,23 @@ def test_python_m_runtime_runs_on_its_own_processors_base_not_the_workspaces(tmp
     assert f"processors_base was imported from {elsewhere.resolve()}" in forced.stderr
     assert "agentic-rl-runtime command instead" in forced.stderr
     assert forced.stdout == ""
+
+
+# libraries the runtime imports: a workspace module of the same name must not run in their
+# place, whether the process loads the class (invoke, one worker) or spawns workers
+LIBRARIES = ("uvicorn.py", "starlette.py", "orjson.py", "prometheus_client.py", "anyio.py")
+
+
+def test_a_workspace_module_named_as_a_library_never_stands_in_for_it(tmp_path, start_server):
+    ws = _workspace(tmp_path, *LIBRARIES)
+    done = _run(
+        [sys.executable, "-m", "runtime", "invoke", TARGET, "-i", "requests/reward.json"], ws
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "success"
+    for workers in ("1", "2"):
+        server = start_server(TARGET, "--workers", workers, workspace=ws)
+        answer = server.post(reward_body())
+        assert answer.status_code == 200 and answer.json()["status"] == "success", answer.text
+        assert "hijacked" not in server.output()
+        assert server.terminate() == 0, server.output()
