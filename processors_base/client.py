@@ -3,10 +3,12 @@
 ``RewardClient`` posts to the function's ``/api/v1`` over a pool of kept-alive connections,
 with at most ``concurrency`` calls in flight, retries of 503 and 429 (waiting as long as
 ``Retry-After`` says) and of refused connections, and one deadline over the wait for a
-free slot, all tries and the call. It never raises for a failed call: the result is
-reward 0.0 with ``failed`` set and the reason, so one bad call cannot stop a training
-run. Bodies are encoded with orjson: NaN and Infinity in dataset fields become null,
-numpy values plain numbers, anything else its text.
+free slot, all tries and the call. A circuit breaker stops the retries of a server that is
+down: after ``failure_threshold`` connection failures in a row every call fails at once
+for ``cool_down`` seconds, then one call probes, and an answer closes the circuit. It never
+raises for a failed call: the result is reward 0.0 with ``failed`` set and the reason, so
+one bad call cannot stop a training run. Bodies are encoded with orjson: NaN and Infinity
+in dataset fields become null, numpy values plain numbers, anything else its text.
 
 Trainers call reward hooks from threads, from their own event loops, or from pools of
 processes; ``shared_client(url)`` gives one client per URL and process, living on a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import email.utils
 import logging
 import math
@@ -49,7 +52,11 @@ class RewardResult:
 
 
 class RewardClient:
-    """Async client of one served reward function (``url``: its base or its /api/v1)."""
+    """Async client of one served reward function (``url``: its base or its /api/v1).
+
+    ``failure_threshold`` connection failures in a row open its circuit breaker: calls
+    fail at once for ``cool_down`` seconds, then one call probes the server.
+    """
 
     def __init__(
         self,
@@ -60,6 +67,8 @@ class RewardClient:
         max_retry_wait: float = 10.0,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        failure_threshold: int = 5,
+        cool_down: float = 10.0,
     ) -> None:
         url = url or os.environ.get(URL_ENV, "")
         if not url:
@@ -78,6 +87,12 @@ class RewardClient:
         # Metric names seen so far: every result carries them all (0.0 where it has none),
         # so that a trainer stacking per-sample metrics (verl) gets the same keys.
         self._metric_names: dict[str, None] = {}
+        self._circuit = _Circuit(_loggable(self.url), max(1, failure_threshold), cool_down)
+
+    @property
+    def circuit(self) -> str:
+        """The circuit breaker's state: "closed", "open" or "half-open"."""
+        return self._circuit.state
 
     async def __aenter__(self) -> RewardClient:
         return self
@@ -115,38 +130,55 @@ class RewardClient:
             content = orjson.dumps(body, default=_plain, option=_ORJSON_OPTIONS)
         except TypeError as exc:  # a dict nested too deep, an int past 64 bits
             return self._failed(f"the request cannot be encoded: {exc}")
+        circuit = self._circuit
         tries = 0
-        while True:
-            tries += 1
-            try:  # the wait for a free slot counts against the deadline too
-                await asyncio.wait_for(self._semaphore.acquire(), deadline - time.monotonic())
-            except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
-                return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
-            try:
-                left = deadline - time.monotonic()
-                if left <= 0:
+        probing = False  # this call is the half-open circuit's one probe
+        try:
+            while True:
+                tries += 1
+                admitted = circuit.admit()  # a probe tries once: it opens or closes the circuit
+                if admitted is None:
+                    return self._failed(circuit.reason(), quiet=True)
+                probing = admitted
+                try:  # the wait for a free slot counts against the deadline too
+                    await asyncio.wait_for(self._semaphore.acquire(), deadline - time.monotonic())
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
+                    return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
+                try:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return self._failed(late)
+                    answer = await self._http.post(
+                        self.url, content=content, headers=_JSON_HEADERS, timeout=left
+                    )
+                except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    closed = circuit.connection_failed(reason, probe=probing)
+                    probing = False
+                    if not closed:  # open: no retry would reach it
+                        return self._failed(circuit.reason(), quiet=True)
+                    wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
+                except httpx.TimeoutException:
                     return self._failed(late)
-                answer = await self._http.post(
-                    self.url, content=content, headers=_JSON_HEADERS, timeout=left
-                )
-            except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
-                wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
-                reason = f"{type(exc).__name__}: {exc}"
-            except httpx.TimeoutException:
-                return self._failed(late)
-            except httpx.HTTPError as exc:
-                return self._failed(f"{type(exc).__name__}: {exc}")
-            else:
-                if answer.status_code not in _RETRY_STATUS:
-                    return self._read(answer)
-                wait = _retry_after(answer.headers.get("retry-after"), tries)
-                reason = f"HTTP {answer.status_code}: {_error(answer)}"
-            finally:
-                self._semaphore.release()
-            wait = min(wait, self.max_retry_wait)
-            if time.monotonic() + wait >= deadline:
-                return self._failed(f"{reason} (gave up after {tries} tries)")
-            await asyncio.sleep(wait)
+                except httpx.HTTPError as exc:
+                    return self._failed(f"{type(exc).__name__}: {exc}")
+                else:
+                    probing = False
+                    circuit.answered()  # even a 503: the server is up
+                    if answer.status_code not in _RETRY_STATUS:
+                        return self._read(answer)
+                    wait = _retry_after(answer.headers.get("retry-after"), tries)
+                    reason = f"HTTP {answer.status_code}: {_error(answer)}"
+                finally:
+                    self._semaphore.release()
+                wait = min(wait, self.max_retry_wait)
+                if time.monotonic() + wait >= deadline:
+                    return self._failed(f"{reason} (gave up after {tries} tries)")
+                if await circuit.opens_within(wait):  # stop retrying a server that is down
+                    return self._failed(circuit.reason(), quiet=True)
+        finally:
+            if probing:  # ended before its try (cancelled, its deadline): the next call probes
+                circuit.probe_abandoned()
 
     def _read(self, answer: httpx.Response) -> RewardResult:
         if answer.status_code != 200:
@@ -164,12 +196,13 @@ class RewardClient:
         metrics = {**dict.fromkeys(self._metric_names, 0.0), **metrics}
         if data.get("status") == "failed":  # the function said so itself: failed is 0.0
             reason = f"{data.get('error_code') or 'FAILED'}: {data.get('error')}"
-            log.warning("reward call to %s failed, scoring 0.0: %s", self.url, reason)
+            log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
             return RewardResult(0.0, metrics, True, reason)
         return RewardResult(score, metrics)
 
-    def _failed(self, reason: str) -> RewardResult:
-        log.warning("reward call to %s failed, scoring 0.0: %s", self.url, reason)
+    def _failed(self, reason: str, *, quiet: bool = False) -> RewardResult:
+        if not quiet:  # the circuit breaker's failures: logged once per state change instead
+            log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
         return RewardResult(0.0, dict.fromkeys(self._metric_names, 0.0), True, reason)
 
     # --- from threads and other event loops -----------------------------------------
@@ -191,6 +224,101 @@ class RewardClient:
     ) -> RewardResult:
         """Score from any event loop: the call runs on the background loop."""
         return await asyncio.wrap_future(self.submit(messages, ground_truth, **kw))
+
+
+class _Circuit:
+    """A circuit breaker over one client's connection failures (all on the client's loop).
+
+    closed: calls try (and retry). ``threshold`` connection failures in a row (refused,
+    reset or cut before any answer) open it: calls fail at once, and calls waiting to retry
+    stop, for ``cool_down`` seconds; then the next call probes (half-open) while the others
+    keep failing fast. Any answer closes it; the probe's connection failure reopens it.
+    """
+
+    def __init__(self, where: str, threshold: int, cool_down: float) -> None:
+        self.where = where  # the URL without credentials or query: what the logs name
+        self.threshold = threshold
+        self.cool_down = cool_down
+        self.state = "closed"
+        self.failures = 0  # connection failures in a row
+        self.last = ""  # the last one's reason
+        self.probe_at = 0.0  # open: when (time.monotonic) the next call may probe
+        self.opened: asyncio.Event | None = None  # set while open: wakes the retrying calls
+
+    def admit(self) -> bool | None:
+        """Whether a call may try: None to fail fast, True as the probe, False normally."""
+        if self.state == "closed":
+            return False
+        if self.state == "open" and time.monotonic() >= self.probe_at:
+            self.state = "half-open"
+            log.info("reward server %s: circuit half-open, one call probes", self.where)
+            return True
+        return None
+
+    def reason(self) -> str:
+        """Why a call fails fast (while the circuit is not closed)."""
+        if self.state == "half-open":
+            when = "a probe is under way"
+        else:
+            when = f"the next probe in {max(0.0, self.probe_at - time.monotonic()):.1f}s"
+        return (
+            f"UNREACHABLE: the reward server is unreachable ({self.failures} connection"
+            f" failures in a row, the last: {self.last}); {when}"
+        )
+
+    def connection_failed(self, reason: str, *, probe: bool) -> bool:
+        """Count a connection failure; whether the circuit is still closed (retry it)."""
+        self.failures += 1
+        self.last = reason
+        if self.state == "closed" and self.failures == 1:
+            log.warning("reward server %s: cannot connect (%s)", self.where, reason)
+        if probe or (self.state == "closed" and self.failures >= self.threshold):
+            self._open(again=probe)
+        return self.state == "closed"
+
+    def answered(self) -> None:
+        self.failures = 0
+        if self.state != "closed":
+            self.state = "closed"
+            self.opened = None
+            log.info("reward server %s answers again: circuit closed", self.where)
+
+    def probe_abandoned(self) -> None:
+        if self.state == "half-open":  # open again, the cool-down over: the next call probes
+            self.state = "open"
+            log.info(
+                "reward server %s: the probe ended unanswered, the next call probes", self.where
+            )
+
+    async def opens_within(self, seconds: float) -> bool:
+        """Waits ``seconds``, or less if the circuit opens meanwhile; whether it is open."""
+        if self.state != "closed":
+            return True
+        if self.opened is None:
+            self.opened = asyncio.Event()
+        with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before 3.11
+            await asyncio.wait_for(self.opened.wait(), seconds)
+        return self.state != "closed"
+
+    def _open(self, *, again: bool) -> None:
+        self.state = "open"
+        self.probe_at = time.monotonic() + self.cool_down
+        if self.opened is not None:
+            self.opened.set()
+        log.warning(
+            "reward server %s: %s: circuit open, calls fail at once for %gs, then one probes",
+            self.where,
+            f"the probe failed ({self.last})"
+            if again
+            else f"{self.failures} connection failures in a row (the last: {self.last})",
+            self.cool_down,
+        )
+
+
+def _loggable(url: str) -> str:
+    """The URL without user, password or query, which may hold a secret."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
 
 def _plain(value: Any) -> Any:

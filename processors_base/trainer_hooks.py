@@ -39,7 +39,14 @@ log = logging.getLogger("processors_base.trainer_hooks")
 
 # Dataset columns taken as the ground truth, first found first.
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution", "expected_answer", "label")
-_CLIENT_OPTIONS = ("concurrency", "timeout", "max_retry_wait", "headers")
+_CLIENT_OPTIONS = (
+    "concurrency",
+    "timeout",
+    "max_retry_wait",
+    "headers",
+    "failure_threshold",
+    "cool_down",
+)
 TIMEOUT_ENV = "AGENTIC_RL_REWARD_TIMEOUT"
 # AReaL's AsyncRewardWrapper gives a reward 15 s: ours must answer 0.0 before that
 AREAL_TIMEOUT = 10.0

@@ -256,11 +256,11 @@ class Server:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers a usable CPU. Most of a test's time is spent waiting on the
-    servers and CLIs it starts, so a worker per CPU leaves the CPUs half idle."""
+    """``-n auto``: three workers a usable CPU. Most of a test's time is spent waiting on the
+    servers and CLIs it starts: on 2 CPUs the suite took 10:00 with 4 workers, 8:01 with 6."""
     if wanted := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(wanted)
-    return 2 * len(os.sched_getaffinity(0))
+    return 3 * len(os.sched_getaffinity(0))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -99,6 +99,7 @@ def failure_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     "errors": row.get("error_messages", []),
                     "logged": False,
                     "first_failure": None,
+                    "others": _left_out(row["failures"], row.get("error_messages", [])),
                 }
             )
     for name, reward in summary["rewards"].items():
@@ -114,9 +115,28 @@ def failure_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                         "errors": row["errors_logged"],
                         "logged": True,
                         "first_failure": row["first_failure"],
+                        "others": _left_out(row["failures"], row["errors_logged"]),
                     }
                 )
     return sorted(rows, key=lambda r: -r["failures"])
+
+
+def _left_out(failures: int, errors: list[dict[str, Any]]) -> int:
+    """The failures no message shown accounts for: of other messages (past the top
+    ones), or, for a sub-reward, not logged one by one by its server."""
+    return max(0, failures - sum(e["count"] for e in errors))
+
+
+def left_out_text(row: dict[str, Any]) -> str:
+    """How a failure row's messages fall short of its count, in words; "" when they do not."""
+    if not row["others"]:
+        return ""
+    if row["logged"]:
+        return (
+            f"{row['others']} more not logged one by one (a sub-reward's failure is logged "
+            "with its traceback once a minute, the rest counted: see logs/)"
+        )
+    return f"{row['others']} more with other messages"
 
 
 def _error_text(error: dict[str, Any], logged: bool) -> str:
@@ -139,9 +159,10 @@ def _print_failures(console: Any, summary: dict[str, Any]) -> None:
         )
     for row in rows:
         errors = [_error_text(e, row["logged"]) for e in row["errors"]]
-        if row["logged"]:
-            where = f", first on {row['first_failure']}" if row["first_failure"] else ""
-            errors.append(f"(the server logs one failure a minute: see logs/{where})")
+        if more := left_out_text(row):
+            errors.append(f"({more})")
+        if row["first_failure"]:
+            errors.append(f"(first failed on {row['first_failure']})")
         table.add_row(
             row["where"],
             str(row["calls"]),
@@ -531,6 +552,7 @@ def templates() -> Any:
     environment.filters["share"] = _share
     environment.filters["seconds"] = _seconds
     environment.filters["one_line"] = _one_line
+    environment.filters["left_out"] = left_out_text
     return environment
 
 

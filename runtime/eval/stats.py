@@ -341,7 +341,8 @@ def summarise(
                     }
                 )
         for sub, numbers in subs.items():
-            if numbers["calls"] and numbers["failures"] == numbers["calls"]:
+            failing = bool(numbers["calls"]) and numbers["failures"] == numbers["calls"]
+            if failing:
                 flags.append(
                     {
                         "kind": "sub_reward_failing",
@@ -350,9 +351,20 @@ def summarise(
                         f"({numbers['failures']}), so it scored 0 each time",
                     }
                 )
-            elif constant:  # its sub-rewards' numbers are in the table: one flag is enough
+            elif numbers["failure_rate"] > FAILURE_RATE_FLAG:  # each one a silent 0
+                flags.append(
+                    {
+                        "kind": "sub_reward_failure_rate",
+                        "function": name,
+                        "message": f"{name}: sub-reward {sub} failed {numbers['failures']} of "
+                        f"{numbers['calls']} calls ({numbers['failure_rate']:.0%}, over "
+                        f"{FAILURE_RATE_FLAG:.0%}), scoring 0 each time: training would learn "
+                        "from those zeros",
+                    }
+                )
+            if failing or constant:  # its numbers are in the table: one flag is enough
                 continue
-            elif numbers["count"] > 1 and numbers["distinct"] == 1:
+            if numbers["count"] > 1 and numbers["distinct"] == 1:
                 flags.append(
                     {
                         "kind": "sub_reward_constant",

@@ -309,6 +309,10 @@ def test_a_reward_that_always_raises_stops_the_run_early(tmp_path: Path) -> None
     assert done_["unscored"] == sum(bool(t["unscored"]) for t in lines)
     for t in lines:
         assert t["unscored"] == ([] if "raises" in t["errors"] else ["raises"])
+    # the page's header says it stopped, and how many failures it had by then
+    page = (tmp_path / "out" / "report.html").read_text()
+    header = page[page.index('<p id="status">') : page.index("</p>", page.index('id="status"'))]
+    assert f"stopped early · {done_['failed']} failure(s)" in header
 
 
 def test_a_slow_reward_and_a_failing_sub_reward_are_flagged(tmp_path: Path) -> None:

@@ -119,6 +119,10 @@ def test_failures_are_counted_where_they_happen(failing_run: Any) -> None:
     assert "8 failure(s): 4 failed call(s), 4 failed sub-reward(s)" in done.stdout
     table = done.stdout[done.stdout.index("Failures") :]
     assert "judged └ judge" in table and "the judge got no answer" in table
+    # the failures its server did not log one by one are counted, not passed over
+    unlogged = judge["failures"] - logged["count"]
+    assert unlogged > 0  # one logged a minute: the run takes seconds
+    assert f"{unlogged} more not logged one by one" in table
     assert "PROCESSOR_ERROR: RuntimeError" in table and "e.g. keyed.jsonl:4" in table
     assert KEY not in done.stdout + done.stderr and not controls(done.stdout)
 
@@ -138,6 +142,11 @@ def test_flags_on_sub_rewards_and_the_zero_variance_groups_by_name(failing_run: 
         in (flags[("no_group_variance", "judged")])
     )
     assert ("constant", "flaky") in flags and ("failure_rate", "flaky") in flags
+    # a sub-reward failing now and then is a silent 0 each time: flagged as a function is
+    assert flags[("sub_reward_failure_rate", "judged")] == (
+        "judged: sub-reward judge failed 4 of 16 calls (25%, over 5%), scoring 0 each time: "
+        "training would learn from those zeros"
+    )
     total = summary["total"]
     assert (total["groups"], total["zero_variance_groups"]) == (3, 3)
     assert [g["sample"] for g in total["zero_variance_samples"]] == [
@@ -211,7 +220,7 @@ def test_the_report_shows_failures_groups_and_collapses_duplicates(
     failures = page[page.index('id="failures"') : page.index("<h2>Rewards</h2>")]
     shown = _text(failures)
     assert "flaky" in shown and "judged └ judge" in shown and "25%" in shown
-    assert "e.g. keyed.jsonl:4" in shown
+    assert "e.g. keyed.jsonl:4" in shown and "more not logged one by one" in shown
     # every line's 4 rollouts were the same: each line once, under its prompt, "4 identical"
     transcripts = page[page.index("Lowest scored trajectories") :]
     assert transcripts.count('class="transcript"') == 4
