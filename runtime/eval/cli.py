@@ -76,7 +76,7 @@ def add_command(commands: Any) -> None:
         metavar=("OLD", "NEW"),
         help="compare two earlier runs (their --out directories) instead of running: each "
         "reward's and sub-reward's mean, std, failure rate and zero-variance share side by "
-        "side, the change and whether it is significant (paired bootstrap over the samples "
+        "side, the change and whether it is significant (a paired sign-flip test over the samples "
         "both scored), the samples that changed most; a table, and compare.html written "
         "into NEW, or into --out DIR when given",
     )
@@ -212,7 +212,21 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-_OWN_FILES = ("trajectories.jsonl", "summary.json", "report.html", "logs")
+# compare.html: what `--compare` wrote into this run's directory, stale once it is rerun
+_OWN_FILES = ("trajectories.jsonl", "summary.json", "report.html", "compare.html", "logs")
+
+
+def _not_for_compare(args: argparse.Namespace) -> list[str]:
+    """The options given with ``--compare`` that only a run uses (those not at their
+    default)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_command(parser.add_subparsers())
+    defaults = vars(parser.parse_args([COMMAND]))
+    return [
+        f"--{name.replace('_', '-')}"
+        for name, default in defaults.items()
+        if name not in ("compare", "out") and getattr(args, name, default) != default
+    ]
 
 
 def _own(out: OutDir, name: str) -> bool:
@@ -277,6 +291,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.compare:
         from runtime.eval import compare
 
+        if given := _not_for_compare(args):
+            return _error(f"{', '.join(given)}: do not apply to --compare (only --out does)", 2)
         old, new = args.compare
         return compare.run(old, new, args.out)
     if not args.config:
