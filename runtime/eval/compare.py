@@ -454,8 +454,14 @@ def _changed(old: Run, new: Run, common: set[str]) -> list[dict[str, Any]]:
         for s in sorted(set(olds) & set(news))
         if _quiet(news[s] - olds[s])
     ]
-    changes.sort(key=lambda c: (-abs(c["change"]), c["sample"]))
+    changes.sort(key=lambda c: (-abs(c["change"]), *_in_file_order(c["sample"])))
     return changes[:CHANGED_SHOWN]
+
+
+def _in_file_order(sample: str) -> tuple[str, int]:
+    """``file:line`` as a key that puts line 2 before line 10."""
+    name, _, line = sample.rpartition(":")
+    return (name, int(line)) if line.isdigit() else (sample, 0)
 
 
 # ---- the table and the page -------------------------------------------------------------

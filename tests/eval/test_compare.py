@@ -263,12 +263,17 @@ def test_compare_writes_a_table_and_a_page(tmp_path: Path, capsys) -> None:
     assert re.search(r"judge .* \+0\.688 +0\.003 +significant", shown.out), shown.out
     assert "(uncommitted changes), seed 0," in shown.out
     assert f"wrote {new / 'compare.html'}" in shown.err
+    # the samples that changed most: the largest change first, ties in file order (2 < 10)
+    result = compare.compare(compare.load(old), compare.load(new))
+    assert [c["sample"] for c in result["changed"]] == [
+        f"calc.jsonl:{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    ]
     page = (new / "compare.html").read_text()
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
     assert "a" * 12 in page and "(uncommitted changes)" in page
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
     assert "judge 0.0625 ± 0.242 0.75 ± 0.433 +0.688 0.003 significant" in text
-    assert "calc.jsonl:16 1.2 0.2 -1" in text  # the weighted total
+    assert "calc.jsonl:10 0.2 1.2 +1" in text  # the weighted total
     assert "seed 0 · 16 samples" in text
     # --out elsewhere: NEW is left alone
     (new / "compare.html").unlink()
