@@ -145,6 +145,8 @@ class RewardClient:
                 except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
                     return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
                 try:
+                    if not probing and circuit.state != "closed":  # it opened while we waited
+                        return self._failed(circuit.reason(), quiet=True)
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return self._failed(late)
@@ -158,6 +160,10 @@ class RewardClient:
                     if not closed:  # open: no retry would reach it
                         return self._failed(circuit.reason(), quiet=True)
                     wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
+                except httpx.ConnectTimeout as exc:  # no handshake at all: a host that drops
+                    circuit.connection_failed(f"ConnectTimeout: {exc}", probe=probing)
+                    probing = False
+                    return self._failed(late)
                 except httpx.TimeoutException:
                     return self._failed(late)
                 except httpx.HTTPError as exc:
@@ -272,7 +278,9 @@ class _Circuit:
         self.last = reason
         if self.state == "closed" and self.failures == 1:
             log.warning("reward server %s: cannot connect (%s)", self.where, reason)
-        if probe or (self.state == "closed" and self.failures >= self.threshold):
+        if (probe and self.state == "half-open") or (
+            self.state == "closed" and self.failures >= self.threshold
+        ):
             self._open(again=probe)
         return self.state == "closed"
 

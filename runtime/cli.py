@@ -157,8 +157,8 @@ def _run_function(args: argparse.Namespace) -> None:
         startup.info(
             "serving %s (%s): %s", target.spec, target.func_type.value, settings.describe()
         )
-        if settings.workers > 1:  # spawned workers start on this sys.path: the runtime's
-            sys.path.remove(str(target.workspace))  # first, as here (each loads the class itself)
+        if settings.workers > 1 and str(target.workspace) in sys.path:  # spawned workers
+            sys.path.remove(str(target.workspace))  # start on this sys.path: the runtime's first
         _serve(settings)
         return
 

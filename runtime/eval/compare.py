@@ -388,7 +388,7 @@ def compare(old: Run, new: Run) -> dict[str, Any]:
         "method": f"change: the mean over the samples in common of new minus old (each "
         f"sample's score: the mean over its rollouts); old and new mean ± std: each run over "
         f"all its trajectories. p: a paired sign-flip permutation test of the mean change "
-        f"(exact up to {EXACT_UP_TO} samples, else {FLIPS} random flips, seed {SEED}); "
+        f"(exact up to {EXACT_UP_TO} changed samples, else {FLIPS} random flips, seed {SEED}); "
         f"significant when p < {ALPHA}. 95% interval: a bootstrap of the mean change "
         f"({RESAMPLES} resamples, seed {SEED})",
         "metrics": rows,

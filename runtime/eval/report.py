@@ -524,7 +524,7 @@ def _by_prompt(plan: Plan, items: list[tuple[Trajectory, list[int]]]) -> list[di
             id(sample),
             {
                 "sample": sample.id,
-                "prompt": plan.scrub.text(prompt_line(sample.record.get("messages"))),
+                "prompt": prompt_line(sample.record.get("messages"), plan.scrub.text),
                 "transcripts": [],
             },
         )

@@ -6,6 +6,7 @@ import math
 import re
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from runtime.eval.metadata import describe
@@ -70,9 +71,11 @@ def _groups(trajectories: list[Trajectory], value: Any) -> tuple[int, int]:
     return groups, len(flat)
 
 
-def _flat_groups(trajectories: list[Trajectory], value: Any) -> tuple[int, list[dict[str, Any]]]:
+def _flat_groups(
+    trajectories: list[Trajectory], value: Any, scrub: Callable[[str], str] = str
+) -> tuple[int, list[dict[str, Any]]]:
     """(groups with two values or more, those among them whose values are all equal: each
-    as its sample id, the value and the first line of its prompt)."""
+    as its sample id, the value and the first line of its prompt, scrubbed)."""
     by_sample: dict[int, tuple[Sample, list[float]]] = {}  # by id(): a Sample holds a dict
     for trajectory in trajectories:
         found = value(trajectory)
@@ -80,7 +83,7 @@ def _flat_groups(trajectories: list[Trajectory], value: Any) -> tuple[int, list[
             by_sample.setdefault(id(trajectory.sample), (trajectory.sample, []))[1].append(found)
     groups = [(s, values) for s, values in by_sample.values() if len(values) > 1]
     flat = [
-        {"sample": s.id, "score": values[0], "prompt": prompt_line(s.record.get("messages"))}
+        {"sample": s.id, "score": values[0], "prompt": prompt_line(s.record.get("messages"), scrub)}
         for s, values in groups
         if max(values) == min(values)
     ]
@@ -90,9 +93,10 @@ def _flat_groups(trajectories: list[Trajectory], value: Any) -> tuple[int, list[
 PROMPT_CHARS = 200  # of a prompt's first line, where one is shown
 
 
-def prompt_line(messages: Any) -> str:
+def prompt_line(messages: Any, scrub: Callable[[str], str] = str) -> str:
     """The first line of a conversation's prompt: its last user message before the first
-    answer (the question; a system prompt is the same for every line)."""
+    answer (the question; a system prompt is the same for every line). ``scrub`` runs
+    before the line is cut short: a secret cut in two would no longer be recognised."""
     found = ""
     for message in messages if isinstance(messages, list) else []:
         if not isinstance(message, dict) or message.get("role") == "assistant":
@@ -102,7 +106,7 @@ def prompt_line(messages: Any) -> str:
             if isinstance(content, list):
                 content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             found = str(content or "")
-    line = next((x.strip() for x in found.splitlines() if x.strip()), "")
+    line = scrub(next((x.strip() for x in found.splitlines() if x.strip()), ""))
     return line if len(line) <= PROMPT_CHARS else line[:PROMPT_CHARS] + " [...]"
 
 
@@ -110,13 +114,15 @@ TOP_ERRORS = 5  # error messages shown per function and sub-reward
 _MESSAGE_CHARS = 300  # of one error message, as errors are counted and shown
 
 
-def top_errors(failures: list[tuple[str, str, str | None]]) -> list[dict[str, Any]]:
+def top_errors(
+    failures: list[tuple[str, str, str | None]], scrub: Callable[[str], str] = str
+) -> list[dict[str, Any]]:
     """(code, message, sample id) of each failure -> the most frequent (code, message),
-    each with its count and the first sample it happened on."""
+    each with its count and the first sample it happened on; a message scrubbed, then cut."""
     counts: Counter[tuple[str, str]] = Counter()
     examples: dict[tuple[str, str], str | None] = {}
     for code, message, sample in failures:
-        key = (code, message[:_MESSAGE_CHARS])
+        key = (code, scrub(message)[:_MESSAGE_CHARS])
         counts[key] += 1
         examples.setdefault(key, sample)
     return [
@@ -219,7 +225,9 @@ def _sub_rewards(
             "first_failure": failed[0].sample.id if failed else None,
             # what the protocol does not carry (only ``<sub>.failed``): the messages its
             # server logged, a failure a minute per sub-reward
-            "errors_logged": top_errors([("logged", m, s) for m, s in logged.get(sub, [])]),
+            "errors_logged": top_errors(
+                [("logged", m, s) for m, s in logged.get(sub, [])], plan.scrub.text
+            ),
             "groups": groups,
             "zero_variance_groups": flat,
         }
@@ -258,7 +266,7 @@ def summarise(
             "failure_rate": rate,
             "errors": dict(Counter(str(c.error_code) for c in failures).most_common()),
             "error_messages": top_errors(
-                [(str(c.error_code), c.error or "", c.sample) for c in failures]
+                [(str(c.error_code), c.error or "", c.sample) for c in failures], plan.scrub.text
             ),
             "latency_s": {
                 "p50": percentile(latencies, 0.5),
@@ -292,7 +300,9 @@ def summarise(
         name = function.name
         values = [t.scores[name] for t in trajectories if name in t.scores]
         stats = score_stats(values)
-        groups, flat = _flat_groups(trajectories, lambda t, n=name: t.scores.get(n))
+        groups, flat = _flat_groups(
+            trajectories, lambda t, n=name: t.scores.get(n), plan.scrub.text
+        )
         weighted = dict(weights.get(name) or {})
         subs = _sub_rewards(plan, results, name, weighted, logs.get(name, ""))
         rewards[name] = {
@@ -414,7 +424,9 @@ def summarise(
     total: dict[str, Any] | None = None
     if plan.rewards or plan.group_rewards:
         totals = [v for t in trajectories if (v := total_of(plan, t)) is not None]
-        groups, flat_samples = _flat_groups(trajectories, lambda t: total_of(plan, t))
+        groups, flat_samples = _flat_groups(
+            trajectories, lambda t: total_of(plan, t), plan.scrub.text
+        )
         flat_count = len(flat_samples)
         total = {
             "weights": {f.name: f.weight for f in plan.rewards + plan.group_rewards},

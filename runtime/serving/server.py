@@ -34,6 +34,11 @@ from runtime.serving.protocol import KEEP_ALIVE_SECONDS, connection_cap, protoco
 from runtime.serving.trainers import TrainerRoutes
 from runtime.tracing.spans import Tracing
 
+# uvicorn imports its event loop as it starts, once the class is loaded and the workspace
+# is first on sys.path: imported now, a workspace's uvloop.py cannot stand in for it
+with contextlib.suppress(ImportError):
+    import uvloop  # noqa: F401
+
 __all__ = ["Server", "bind", "build_app", "run_worker"]
 
 log = logging.getLogger("runtime")

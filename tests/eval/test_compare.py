@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_eval import _env, chromium
+from test_eval import chromium, eval_env
 
 from runtime.eval import compare
 from runtime.eval.stats import score_stats
@@ -298,7 +298,7 @@ def test_compare_writes_a_table_and_a_page(tmp_path: Path, capsys) -> None:
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "runtime", "eval", *args],
-        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
+        cwd=cwd, env=eval_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 

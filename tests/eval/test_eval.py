@@ -89,7 +89,7 @@ def job_file(folder: Path, functions: list[dict], *, teacher: str | None = None)
     return path
 
 
-def _env() -> dict[str, str]:
+def eval_env() -> dict[str, str]:
     # TMPDIR: the fixture checks it for leftovers; no LLM_* from the developer's shell
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_")}
     return {**env, "TMPDIR": str(SERVER_TMP), "PYTHONUNBUFFERED": "1"}
@@ -99,7 +99,7 @@ def run_eval(config: Path, *args: str, timeout: float = 300) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-m", "runtime", "eval", "-c", str(config), *args],
         cwd=config.parent,
-        env=_env(),
+        env=eval_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -366,7 +366,7 @@ def test_without_the_eval_extra_the_page_is_skipped_and_said_so(tmp_path: Path) 
                 "out",
             ],
             cwd=tmp_path,
-            env={**_env(), "PYTHONPATH": str(tmp_path / "blocked")},
+            env={**eval_env(), "PYTHONPATH": str(tmp_path / "blocked")},
             capture_output=True,
             text=True,
             timeout=120,
@@ -473,7 +473,7 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
                 "2",
             ],
             cwd=tmp_path,
-            env=_env(),
+            env=eval_env(),
             stdout=subprocess.DEVNULL,
             stderr=err,
             # as from a terminal: a suite started in the background (`pytest &` in a script)
@@ -734,7 +734,7 @@ def test_help_names_exit_codes_and_an_out_outside_the_workspace() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**_env(), "COLUMNS": "200"},
+        env={**eval_env(), "COLUMNS": "200"},
     )
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
@@ -759,7 +759,7 @@ def _start_slow_eval(tmp_path: Path, llm: LLMStub, err: Any) -> tuple[subprocess
     process = subprocess.Popen(
         [sys.executable, "-m", "runtime", "eval", "-c", str(config), *_slow_args(llm)],
         cwd=tmp_path,
-        env=_env(),
+        env=eval_env(),
         stdout=subprocess.DEVNULL,
         stderr=err,
     )
@@ -1016,7 +1016,7 @@ def test_out_files_replace_links_planted_after_the_check(tmp_path: Path) -> None
         process = subprocess.Popen(
             [sys.executable, "-m", "runtime", "eval", "-c", str(config), "-n", "1", "-k", "1",
              "--llm-base-url", llm.base_url, "--out", str(out)],
-            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+            cwd=tmp_path, env=eval_env(), stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
         deadline = time.monotonic() + 120
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -1109,7 +1109,7 @@ def test_out_made_a_link_while_eval_runs_is_not_followed(tmp_path: Path) -> None
         process = subprocess.Popen(
             [sys.executable, "-m", "runtime", "eval", "-c", str(config), "-n", "1", "-k", "1",
              "--llm-base-url", llm.base_url, "--out", str(out)],
-            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+            cwd=tmp_path, env=eval_env(), stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
         deadline = time.monotonic() + 120
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:

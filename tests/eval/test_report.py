@@ -24,7 +24,7 @@ import pytest
 from conftest import free_port
 from helpers import controls
 from llm_stub import LLMStub
-from test_eval import DATA, _env, chromium, job_file, questions, solutions
+from test_eval import DATA, chromium, eval_env, job_file, questions, solutions
 
 KEY = "sk-report-Secret-0123456789abcdef"
 
@@ -88,7 +88,7 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
             [sys.executable, "-m", "runtime", "eval", "-c", str(config), "--llm-base-url",
              llm.base_url, "--data", str(data), "-n", "4", "-k", "4",
              "--ground-truth-key", "rollout_extra", "--out", "out"],
-            cwd=folder, env=_env(), capture_output=True, text=True, timeout=300,
+            cwd=folder, env=eval_env(), capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads((folder / "out" / "summary.json").read_text())
@@ -243,3 +243,18 @@ def test_the_report_shows_failures_groups_and_collapses_duplicates(
     assert colours is not None and len(colours) > 200
     # the header's failure badge is drawn red: #fde8e6 on the page
     assert any(abs(c[0] - 0xFD) + abs(c[1] - 0xE8) + abs(c[2] - 0xE6) < 6 for _, c in colours)
+
+
+def test_a_secret_across_the_cut_of_a_message_or_a_prompt_is_blanked_whole() -> None:
+    """Messages (300 characters) and prompts (200) are scrubbed first and cut after: a key
+    the cut splits would no longer be recognised, and its first characters would remain."""
+    from runtime.eval.secrets import Scrubber
+    from runtime.eval.stats import prompt_line, top_errors
+
+    scrub = Scrubber(KEY, None, []).text
+    for at in range(150, 310, 7):  # the key ends before, across and after each cut
+        text = "x" * at + KEY
+        (error,) = top_errors([("PROCESSOR_ERROR", text, "data.jsonl:1")], scrub)
+        prompt = prompt_line([{"role": "user", "content": text}], scrub)
+        for shown in (error["message"], prompt):
+            assert not any(KEY[:n] in shown for n in range(6, len(KEY) + 1)), (at, shown)

@@ -174,7 +174,14 @@ def test_python_m_runtime_runs_on_its_own_processors_base_not_the_workspaces(tmp
 
 # libraries the runtime imports: a workspace module of the same name must not run in their
 # place, whether the process loads the class (invoke, one worker) or spawns workers
-LIBRARIES = ("uvicorn.py", "starlette.py", "orjson.py", "prometheus_client.py", "anyio.py")
+LIBRARIES = (
+    "uvicorn.py",
+    "starlette.py",
+    "orjson.py",
+    "prometheus_client.py",
+    "anyio.py",
+    "uvloop.py",
+)
 
 
 def test_a_workspace_module_named_as_a_library_never_stands_in_for_it(tmp_path, start_server):

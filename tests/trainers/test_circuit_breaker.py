@@ -8,6 +8,7 @@ around httpx's own (with nothing listening, every request is one connection atte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -132,8 +133,8 @@ async def test_one_probe_after_the_cool_down_closes_it_when_the_server_is_back(
 
         with server:  # the server is back, slow to answer
             # a probe that ends at its own deadline leaves the verdict to the next call
-            late = await (await first_probe(client, timeout=0.2))
-            assert late.reason == "DEADLINE_EXCEEDED: no answer within 0.2s"
+            late = await (await first_probe(client, timeout=1))  # time to reach a busy server
+            assert late.reason == "DEADLINE_EXCEEDED: no answer within 1s"
             assert client.circuit == "open" and lines(caplog, "ended unanswered") == 1
             probe = await first_probe(client)
             await asyncio.to_thread(wait_for, lambda: seen == 2, "the probe to arrive")
@@ -213,3 +214,48 @@ def test_sync_hooks_fail_fast_on_a_down_server(caplog: pytest.LogCaptureFixture)
     assert lines(caplog, "cannot connect") == 1
     assert lines(caplog, "circuit open") == 1
     assert lines(caplog, "reward call to") == 0
+
+
+async def test_calls_queued_for_a_slot_fail_fast_once_the_circuit_opens() -> None:
+    counting = Counting()
+    async with RewardClient(
+        f"http://127.0.0.1:{free_port()}",
+        concurrency=1,
+        failure_threshold=1,
+        cool_down=3600,
+        transport=counting,
+    ) as client:
+        results = await asyncio.gather(*(client.score(ANSWER, timeout=30) for _ in range(5)))
+    # the first is refused and opens it; the four that waited for its slot never connect
+    assert counting.tries == 1 and all(r.failed for r in results)
+    assert all(r.reason and r.reason.startswith("UNREACHABLE") for r in results)
+
+
+async def test_a_host_that_never_completes_a_handshake_opens_the_circuit() -> None:
+    """A listener whose accept queue is full drops new connections, as a host gone from
+    the network does: each call ends at its deadline (ConnectTimeout), and those count."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued = [socket.socket() for _ in range(3)]  # fill the queue, never accepted
+        for sock in queued:
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):  # connecting: it stays queued
+                sock.connect(("127.0.0.1", port))
+        try:
+            async with RewardClient(
+                f"http://127.0.0.1:{port}", failure_threshold=2, cool_down=3600
+            ) as client:
+                for _ in range(2):
+                    timed_out = await client.score(ANSWER, timeout=0.3)
+                    assert timed_out.reason == "DEADLINE_EXCEEDED: no answer within 0.3s"
+                assert client.circuit == "open"
+                fast = await client.score(ANSWER, timeout=30)
+                assert fast.reason is not None and fast.reason.startswith("UNREACHABLE")
+                assert "ConnectTimeout" in fast.reason
+        finally:
+            for sock in queued:
+                sock.close()
