@@ -110,7 +110,7 @@ def test_environment_alone_starts_the_server(start_server):
     server.wait_ready()
     request = json.loads((SAMPLES / "requests" / "reward.json").read_text())
     assert server.post(request).json()["reward"]["reward_score"] == 1.0
-    assert "queue=7" in server.output()
+    server.wait_output("queue=7")  # the startup line, from the log's own thread
     assert port  # the port under test comes from --port; SERVER_PORT is covered above
 
 
