@@ -283,8 +283,8 @@ def test_sdk_start_script_environment_starts_the_server(start_server):
     )
     server.wait_ready()
     assert server.post(REWARD).json()["reward"]["reward_score"] == 1.0
-    output = server.output()
-    assert "queue=10 threads=4" in output and "log_level=warning" in output  # config still shown
+    output = server.wait_output("queue=10 threads=4")  # the log's thread may trail
+    assert "log_level=warning" in output  # config still shown
     assert "ready: ExactMatchReward" not in output  # ENABLE_LOGGING=false hides info lines
 
 

@@ -188,8 +188,8 @@ def test_openrlhf_raise_and_hang_give_zero_and_a_mark(server: Server) -> None:
     raised = openrlhf(server, [PROMPT + "RAISE"], [PROMPT], ["42"])
     assert raised.json()["rewards"] == [0.0]
     assert raised.json()["extra_logs"]["reward_failed"] == [1.0]
-    log = server.output()
-    assert "reward failed, answered 0 and marked it: PROCESSOR_ERROR" in log
+    # the log's own thread writes the line: it may trail the answer
+    log = server.wait_output("reward failed, answered 0 and marked it: PROCESSOR_ERROR")
     assert "the judge broke" in log
 
 
