@@ -494,3 +494,15 @@ def test_a_later_run_replaces_compare_html_as_eval_own(runs: tuple[Path, Path]) 
     done = run_eval(config, "--llm-base-url", "http://127.0.0.1:9/v1", "--out", "new")
     assert done.returncode == 1 and "holds files that are not eval's" not in done.stderr
     assert not (new / "compare.html").exists() and not (new / "summary.json").exists()
+
+
+def test_without_numpy_the_test_gives_the_same_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy comes with the eval extra; without it, past 16 changed samples the random
+    flips are drawn in plain Python: a p of the same size, the same verdict."""
+    shifted = [0.5 + 0.01 * i for i in range(20)]  # 20 samples, all up: p = 1 / 20001
+    mixed = [(-1) ** i * (1 + 0.01 * i) for i in range(20)]  # no shift: p near 1
+    with_numpy = compare.sign_flip(shifted), compare.sign_flip(mixed)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy: ImportError
+    without = compare.sign_flip(shifted), compare.sign_flip(mixed)
+    assert with_numpy[0] == without[0] == 1 / (compare.FLIPS + 1)
+    assert with_numpy[1] > 0.5 and without[1] > 0.5
