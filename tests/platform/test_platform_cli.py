@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLES, SPEC_EXAMPLES, free_port
-from helpers import FT, RawServer, cli, http, one_error_line
+from helpers import FT, RawServer, cli, http, one_error_line, wait_for
 
 from runtime.platform import jobs
 from runtime.platform.http import Platform, PlatformError, UnclearOutcome
@@ -336,6 +336,8 @@ def test_retries_on_busy_with_progress_and_never_repeats_a_creating_post(platfor
     client = Platform(platform.base_url, platform.api_key, timeout=0.5)
     with client, pytest.raises(UnclearOutcome, match="not retried, so that nothing is created"):
         jobs.submit(client, {"job_name": "x"})
+    # under load the stand-in may read the POST only after the client's timeout fired
+    wait_for(lambda: f"POST {FT}" in platform.paths(), "the stand-in to record the POST")
     assert platform.paths().count(f"POST {FT}") == 1
 
 
