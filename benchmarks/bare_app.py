@@ -24,16 +24,19 @@ async def app(scope, receive, send):
             if not message.get("more_body"):
                 break
         data = orjson.loads(b"".join(chunks))
-        messages = (data.get("agent_output") or {}).get("messages") or []
         if WAIT:
             await asyncio.sleep(WAIT)
+        if "agent_outputs" in data:  # a group reward: a score per trajectory
+            rewards = [
+                {"reward_score": float(len(o.get("messages") or [])), "reward_metrics": None}
+                for o in data["agent_outputs"]
+            ]
+            reward: dict = {"rewards": rewards}
+        else:
+            messages = (data.get("agent_output") or {}).get("messages") or []
+            reward = {"reward_score": float(len(messages)), "reward_metrics": None}
         body = orjson.dumps(
-            {
-                "reward": {"reward_score": float(len(messages)), "reward_metrics": None},
-                "status": "success",
-                "error": None,
-                "error_code": None,
-            }
+            {"reward": reward, "status": "success", "error": None, "error_code": None}
         )
     await send(
         {

@@ -6,7 +6,7 @@ between runs on a shared machine; this moves by about 2%).
     python benchmarks/inprocess.py --http          # uvicorn's protocol and the app, fed bytes
     python benchmarks/inprocess.py --http --bare   # the bare ASGI app on plain uvicorn
     python benchmarks/inprocess.py --tracing       # with a processor span a request
-    python benchmarks/inprocess.py --body group    # a group reward of 64 x 3 KB (GroupEcho)
+    python benchmarks/inprocess.py --body group    # a group reward of 64 x 3 KB (group32: 32 KB)
     python benchmarks/inprocess.py --profile out.prof   # cProfile of the app alone
 
 Instructions a request, steady on a busy machine: the difference between two runs under
@@ -40,15 +40,19 @@ BODY = (
     b'is 42."}]}}'
 )
 CONNECTIONS = 32
-TARGETS = {"echo": "functions.ours:EchoReward", "group": "functions.ours:GroupEcho"}
+TARGETS = {
+    "echo": "functions.ours:EchoReward",
+    "group": "functions.ours:GroupEcho",
+    "group32": "functions.ours:GroupEcho",
+}
 
 
 def _body(kind: str) -> bytes:
     if kind == "echo":
         return BODY
-    from run import group_body  # benchmarks/run.py's realistic group request (64 x 3 KB)
+    from run import group_body  # benchmarks/run.py's realistic group requests (64 x 3 or 32 KB)
 
-    return group_body().encode()
+    return group_body(answer_chars=32_000 if kind == "group32" else 3000).encode()
 
 
 def _request(body: bytes) -> bytes:
@@ -181,7 +185,7 @@ async def _measure(args: argparse.Namespace) -> None:
     if args.bare:
         from bare_app import app
 
-        await _rounds(args, _http_rounds(app, bare=True))
+        await _rounds(args, _http_rounds(app, bare=True, body=_body(args.body)))
         return
     from runtime.config import Settings
     from runtime.serving.server import build_app
@@ -225,7 +229,10 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="the bare app (implies --http)")
     parser.add_argument("--tracing", action="store_true", help="a processor span a request")
     parser.add_argument(
-        "--body", choices=sorted(TARGETS), default="echo", help="the request (not with --bare)"
+        "--body",
+        choices=sorted(TARGETS),
+        default="echo",
+        help="the request: echo, group (64 x 3 KB) or group32 (64 x 32 KB)",
     )
     parser.add_argument("--requests", type=int, default=50_000, help="requests a measurement")
     parser.add_argument("--warm", type=int, default=2000, help="requests before measuring")

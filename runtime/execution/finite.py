@@ -74,7 +74,13 @@ def _reward_output(output: Any) -> Found | None:
 
 
 def _group_reward_output(output: Any) -> Found | None:
-    for index, reward in enumerate(output.reward.rewards):
+    rewards = output.reward.rewards
+    try:  # the hot path: finite scores, no metrics; a path is built only for a bad one
+        if all(isfinite(r.reward_score) and not r.reward_metrics for r in rewards):
+            return None
+    except (TypeError, OverflowError):  # not a float: the serialiser will say so
+        pass
+    for index, reward in enumerate(rewards):
         found = _in_reward(reward, f"reward.rewards[{index}]")
         if found is not None:
             return found
