@@ -14,17 +14,24 @@ on the app; the app never imports this module:
   ``{"prompt", "response", "label"}`` in; a bare float out, or with ``?reward_key=NAME`` in
   the URL a dict ``{NAME: reward, <metrics>..., "reward_failed": bool}`` for slime's
   ``--reward-key``.
-- NeMo Gym resources server: ``POST /seed_session`` and ``POST /verify`` at the root, where
-  Gym's client posts (also as ``{prefix}/nemo-gym/...``); verify answers the row it got
-  with ``reward`` and ``reward_components`` added.
+- NeMo Gym resources server (Gym 0.7's ``SimpleResourcesServer`` contract): at the root,
+  where Gym's client posts, also as ``/ng-rollout/<rollout id>/...`` (Gym's observability
+  path form) and ``{prefix}/nemo-gym/...``: ``POST /seed_session`` (an Environment
+  Server's ``resources_session_id`` echoed, ``{}`` for an agent's legacy seed; a session
+  cookie set either way), ``POST /verify`` (the row it got with ``reward``,
+  ``reward_components``, ``mask_sample`` and ``failure_kind`` added), ``POST
+  /close_session``, ``POST /aggregate_metrics`` (``runtime.serving.gym_metrics``) and
+  ``GET /reverify_mode`` (``stateless``). Sessions carry no state here: a reward function
+  scores what /verify sends, so any worker serves any session.
 
 The trainers retry a failed call a few times and then crash a run of days, so by default a
 processor that raises or passes its deadline answers reward 0.0 with HTTP 200 and a mark
 (``extra_logs["reward_failed"]``, slime's ``reward_failed``, Gym's ``reward_components``,
-Gym's ``failure_reason``); it is logged and counted in ``/metrics``. A failed sample is 0.0
-in every field a trainer reads as a score (OpenRLHF's ``scores`` and a ``score`` metric
-too). ``--trainer-errors
-error`` answers 500/504 instead. A full queue is still a 503 with ``Retry-After``.
+Gym's ``failure_reason``, and Gym's ``mask_sample`` with a ``failure_kind``: the sample is
+left out of training and of the metrics, not trained on as a 0); it is logged and counted
+in ``/metrics``. A failed sample is 0.0 in every field a trainer reads as a score
+(OpenRLHF's ``scores`` and a ``score`` metric too). ``--trainer-errors error`` answers
+500/504 instead. A full queue is still a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import collections
 import logging
 import math
 import os
+import re
+import uuid
 from array import array
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -45,6 +54,7 @@ import anyio.to_thread
 import orjson
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -59,6 +69,7 @@ from runtime.logs import RequestLog, bind_request, unbind_request
 from runtime.serving.admission import PARSE_COSTS, Admission
 from runtime.serving.body import ClientGone
 from runtime.serving.deadlines import Reason
+from runtime.serving.gym_metrics import GymMetricsError, aggregate_metrics
 from runtime.serving.health import Health
 from runtime.serving.metrics import Metrics, code_label
 from runtime.serving.running import Runner, Running
@@ -71,7 +82,13 @@ log = logging.getLogger("runtime.requests")
 PROTOCOL_PATHS = {
     "openrlhf": ("/openrlhf/get_reward",),
     "slime": ("/slime/reward",),
-    "nemo-gym": ("/nemo-gym/seed_session", "/nemo-gym/verify"),
+    "nemo-gym": (
+        "/nemo-gym/seed_session",
+        "/nemo-gym/verify",
+        "/nemo-gym/close_session",
+        "/nemo-gym/aggregate_metrics",
+        "/nemo-gym/reverify_mode",  # GET
+    ),
 }
 FAILED_MARK = "reward_failed"
 SCORE_METRIC = "score"  # OpenRLHF's ``scores`` when given; 0.0 on a failed sample, as the reward
@@ -88,6 +105,40 @@ _RETRY_AFTER = {"Retry-After": "1"}
 _PARSE_COSTS = {**PARSE_COSTS, "openrlhf": PARSE_COSTS["plain"]}
 _T = TypeVar("_T")
 _CLOSE = {"Connection": "close"}
+# NeMo Gym: the session cookie its Environment Server requires of a seed (it sends it back
+# on /verify and /close_session); an opaque handle, as Gym's own servers set one
+GYM_SESSION_COOKIE = "nemo_gym_resources_session"
+# Gym's failure vocabulary (nemo_gym/failure_kinds.py): a processor's error_code that names
+# one (or an environment's own "<server>:<kind>") is the answer's failure_kind as it is
+GYM_FAILURE_KINDS = frozenset(
+    [
+        "transport_unreachable",
+        "transport_peer_drop",
+        "transport_timeout",
+        "transport_local_resource",
+        "agent_run_error",
+        "agent_request_failed",
+        "agent_timeout",
+        "agent_command_not_allowed",
+        "judge_failed",
+        "judge_unparseable",
+        "verifier_error",
+        "provider_unavailable",
+        "provider_quota_exhausted",
+        "provider_oom_killed",
+        "session_lost",
+        "session_expired",
+        "session_release_failed",
+        "cancelled",
+        "kill_shaped",
+        "shutdown",
+        "persistence_failed",
+        "cohort_incomplete",
+    ]
+)
+_GYM_KIND = re.compile(r"[a-z][a-z0-9_]*:[a-z][a-z0-9_]*")
+# Gym's /ng-rollout/<id>/... path form: the id's characters (nemo_gym/rollout_correlation.py)
+_ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass
@@ -192,12 +243,22 @@ class TrainerRoutes:
         self.routes = [
             Route(prefix + "/openrlhf/get_reward", self._openrlhf, methods=["POST"]),
             Route(prefix + "/slime/reward", self._slime, methods=["POST"]),
-            Route(prefix + "/nemo-gym/seed_session", self._gym_seed, methods=["POST"]),
-            Route(prefix + "/nemo-gym/verify", self._gym_verify, methods=["POST"]),
-            # NeMo Gym's client posts to http://HOST:PORT/verify: no prefix can be configured
-            Route("/seed_session", self._gym_seed, methods=["POST"]),
-            Route("/verify", self._gym_verify, methods=["POST"]),
         ]
+        gym = {
+            "/seed_session": (self._gym_seed, "POST"),
+            "/verify": (self._gym_verify, "POST"),
+            "/close_session": (self._gym_close, "POST"),
+            "/aggregate_metrics": (self._gym_aggregate, "POST"),
+            "/reverify_mode": (self._gym_reverify_mode, "GET"),
+        }
+        # NeMo Gym's client posts to http://HOST:PORT/verify: no prefix can be configured;
+        # with observability on, to /ng-rollout/<id>/verify (the id names the rollout)
+        for path, (endpoint, method) in gym.items():
+            self.routes += [
+                Route(prefix + "/nemo-gym" + path, endpoint, methods=[method]),
+                Route(path, endpoint, methods=[method]),
+                Route("/ng-rollout/{rollout_id}" + path, endpoint, methods=[method]),
+            ]
 
     # --- the protocols -------------------------------------------------------------
 
@@ -271,13 +332,63 @@ class TrainerRoutes:
         return await self._serve(request, "slime", handle)
 
     async def _gym_seed(self, request: Request) -> Response:
-        # Sessions carry no state here: a reward function scores what /verify sends.
+        # Sessions carry no state here: a reward function scores what /verify sends. An
+        # Environment Server seeds with its resources_session_id and wants it back, and a
+        # session cookie; an agent's legacy seed gets {} (and the cookie too).
+        _rollout_path(request)
+
         async def handle(body: Any) -> Any:
-            return {}
+            answer = {}
+            if "resources_session_id" in body:
+                answer = {"resources_session_id": _session_id(body)}
+                if not isinstance(body.get("task_data", {}), dict):
+                    raise _Reject(422, errors.INVALID_INPUT, "task_data must be an object")
+            response = Response(orjson.dumps(answer), 200, media_type="application/json")
+            response.set_cookie(GYM_SESSION_COOKIE, uuid.uuid4().hex, httponly=True)
+            return response
+
+        return await self._serve(request, "nemo-gym", handle, score=False)
+
+    async def _gym_close(self, request: Request) -> Response:
+        _rollout_path(request)
+
+        async def handle(body: Any) -> Any:
+            return {"resources_session_id": _session_id(body)}  # nothing held: closed
+
+        return await self._serve(request, "nemo-gym", handle, score=False)
+
+    async def _gym_aggregate(self, request: Request) -> Response:
+        _rollout_path(request)
+
+        async def handle(body: Any) -> Any:
+            responses = body.get("verify_responses")
+            if not isinstance(responses, list) or not all(isinstance(r, dict) for r in responses):
+                raise _Reject(
+                    422, errors.INVALID_INPUT, "verify_responses must be a list of objects"
+                )
+
+            def compute() -> dict[str, Any]:
+                try:
+                    return aggregate_metrics(responses)
+                except GymMetricsError as exc:
+                    raise _Reject(422, errors.INVALID_INPUT, str(exc)) from None
+
+            return await self._build(request, compute, len(responses))
+
+        return await self._serve(request, "nemo-gym", handle, score=False)
+
+    async def _gym_reverify_mode(self, request: Request) -> Response:
+        # a verify scores the request alone, so a stored rollout can be verified again
+        _rollout_path(request)
+
+        async def handle(body: Any) -> Any:
+            return "stateless"
 
         return await self._serve(request, "nemo-gym", handle, score=False)
 
     async def _gym_verify(self, request: Request) -> Response:
+        _rollout_path(request)
+
         async def handle(body: Any) -> Any:
             def build() -> Any:
                 try:  # the answer echoes the row: one JSON cannot write is refused now
@@ -308,8 +419,18 @@ class TrainerRoutes:
                 **components,
                 FAILED_MARK: 1.0 if scored.failed else 0.0,
             }
+            # Gym's BaseVerifyResponse: a failed verifier is no measurement of the policy, so
+            # the sample is masked (left out of training and metrics), its kind named
+            answer["mask_sample"] = scored.failed
+            answer["failure_kind"] = _gym_failure_kind(scored.code) if scored.failed else None
+            answer["failure_reason"] = None
             if scored.failed:  # user code's text: a lone surrogate must not break the answer
                 answer["failure_reason"] = errors.safe_text(f"{scored.code}: {scored.message}")
+                config = body.get("instance_config")  # where NeMo RL before 0.7 reads it
+                answer["instance_config"] = {
+                    **(config if isinstance(config, dict) else {}),
+                    "mask_sample": True,
+                }
             return answer
 
         return await self._serve(request, "nemo-gym", handle)
@@ -358,6 +479,8 @@ class TrainerRoutes:
             if samples is not None:
                 held += self._hold_samples(samples(body), held)
             answer = await handle(body)
+            if isinstance(answer, Response):
+                return answer
             return Response(orjson.dumps(answer), 200, media_type="application/json")
         except _Reject as exc:
             status, code, message = exc.status, exc.code, str(exc)
@@ -678,6 +801,32 @@ def _number(value: Any, name: str) -> float:
 
 
 # --- mapping helpers -------------------------------------------------------------------
+
+
+def _rollout_path(request: Request) -> None:
+    """A 404 for /ng-rollout/<id>/... whose id Gym would not write (nor route)."""
+    rollout_id = request.path_params.get("rollout_id")
+    if rollout_id is not None and not _ROLLOUT_ID.fullmatch(rollout_id):
+        raise HTTPException(404)
+
+
+def _session_id(body: dict[str, Any]) -> str:
+    session = body.get("resources_session_id")
+    if not isinstance(session, str) or not session:
+        raise _Reject(422, errors.INVALID_INPUT, "resources_session_id must be a non-empty string")
+    return session
+
+
+def _gym_failure_kind(code: str) -> str:
+    """Gym's failure_kind of a failed sample: a processor's error_code that is one of Gym's
+    kinds as it is (``judge_failed`` for a judge it could not reach), a stop ``shutdown``,
+    anything else of the verifier (raised, malformed output, past its deadline)
+    ``verifier_error``."""
+    if code in GYM_FAILURE_KINDS or _GYM_KIND.fullmatch(code):
+        return code
+    if code == errors.DRAINING:
+        return "shutdown"
+    return "verifier_error"
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

@@ -255,7 +255,11 @@ def test_gym_seed_session_and_verify(server: Server) -> None:
         "has_tools": 1.0,
         "reward_failed": 0.0,
     }
-    assert "failure_reason" not in body
+    assert (body["mask_sample"], body["failure_kind"], body["failure_reason"]) == (
+        False,
+        None,
+        None,
+    )
     assert server.client.post("/nemo-gym/verify", json=gym_row("41")).json()["reward"] == 0.0
 
 
