@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import os
 import shutil
@@ -84,6 +85,7 @@ class PlatformStandIn(ThreadedServer):
         self.job_outcome = job_outcome
         self.echo_key = False  # answer a wrong key by echoing it back
         self.flaky: dict[str, int] = {}  # "METHOD path prefix" -> how many 502s to answer
+        self.cut_puts = 0  # how many PUTs to fail part-way: half the body read, then a 500
         self.requests: list[dict[str, Any]] = []
         self.uploads: dict[str, bytes] = {}  # object name -> zip bytes
         self.layers: dict[str, dict[str, Any]] = {}
@@ -216,6 +218,15 @@ class PlatformStandIn(ThreadedServer):
         return JSONResponse({"request_id": _rid(), "output": {"url": url}})
 
     async def _oss_put(self, request: Request) -> Response:
+        if self.cut_puts > 0:  # a storage node failing part-way through the body
+            self.cut_puts -= 1
+            half, got = int(request.headers.get("content-length", 0)) // 2, 0
+            async for chunk in request.stream():
+                got += len(chunk)
+                if got >= half:
+                    break
+            self.requests.append({"method": "PUT", "path": request.url.path, "cut_at": got})
+            return Response("<Error><Code>InternalError</Code></Error>", 500)
         entry = await self._record(request)
         if entry["authorization"] is not None:  # a signed URL refuses any other credential
             return Response("<Error><Code>InvalidArgument</Code></Error>", 400)
@@ -415,7 +426,8 @@ class PlatformStandIn(ThreadedServer):
                 {"request_id": _rid(), "data": {"uploaded_files": [], "failed_uploads": [failed]}}
             )
         file_id = f"file-{uuid.uuid4()}"
-        self.files[file_id] = {"name": upload.filename, "size": len(data)}
+        digest = hashlib.sha256(data).hexdigest()
+        self.files[file_id] = {"name": upload.filename, "size": len(data), "sha256": digest}
         entry["file"] = {"name": upload.filename, "size": len(data)}
         return JSONResponse(
             {

@@ -4,8 +4,9 @@ Two environments:
 
 1. ``dashscope`` is not installed (the usual case in a function image). ``install()``
    appends an import finder that answers the SDK's module paths
-   (``dashscope.finetune.reinforcement`` and every public module under it, see
-   ``runtime.compat.alias``) with modules holding this project's implementation. It sits at
+   (``dashscope.finetune.reinforcement`` and every public module under it, and the
+   Tuning API ``dashscope.finetune.agentic_rl``, see ``runtime.compat.alias``)
+   with modules holding this project's implementation. It sits at
    the *end* of ``sys.meta_path`` and is only installed when no real ``dashscope`` can be
    found, so it never hides an installed SDK; nothing is written to site-packages, and it
    lives only in a process that runs our code.
@@ -51,7 +52,7 @@ from typing import Any, NoReturn
 
 from processors_base import models
 from processors_base.models import FunctionType
-from runtime.compat.alias import MODULES, SDK, exports
+from runtime.compat.alias import EXTRA_MODULES, MODULES, SDK, exports
 
 __all__ = [
     "SDK",
@@ -65,7 +66,7 @@ __all__ = [
 
 _ORIGIN = "runtime.compat.sdk"
 _PARENTS = ("dashscope", "dashscope.finetune")
-_FULL_NAMES = {SDK + relative for relative in MODULES}
+_FULL_NAMES = {SDK + relative for relative in MODULES} | set(EXTRA_MODULES)
 _PACKAGES = {n for n in _FULL_NAMES if any(o.startswith(n + ".") for o in _FULL_NAMES)}
 
 

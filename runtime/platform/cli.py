@@ -16,7 +16,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,48 @@ def _server_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _job_options(parser: argparse.ArgumentParser, ids: bool) -> None:
+    """The options of ``job run`` (``ids``: of ``job submit``): a job file, or a job made of
+    options (each of which replaces the file's setting when both are given)."""
+    parser.add_argument("-c", "--config", metavar="YAML", help="the job file")
+    parser.add_argument("--teacher-model", help="on-policy distillation from this model")
+    parser.add_argument("--job-name", help="the job's name, exactly (default: name-XXXXXXXX)")
+    parser.add_argument("--model", help="the base model (overrides model.name)")
+    many: dict[str, Any] = {"nargs": "+", "action": "extend", "default": []}
+    if ids:
+        parser.add_argument("--rollout-id", metavar="[NAME=]ID", help="a registered rollout")
+        for kind in ("reward", "group-reward"):
+            parser.add_argument(
+                f"--{kind}-ids", metavar="[NAME=]ID", help=f"registered {kind}s", **many
+            )
+        parser.add_argument("--training-file-ids", metavar="ID", **many)
+        parser.add_argument("--validation-file-ids", metavar="ID", **many)
+    else:
+        for kind in ("rollout", "reward", "group-reward"):
+            parser.add_argument(
+                f"--{kind}-classpaths", metavar="CLASSPATH", help=f"{kind} classes", **many
+            )
+        parser.add_argument(
+            "--workspace-dir", default=".", metavar="DIR", help="the classes' workspace"
+        )
+        parser.add_argument("--training-files", metavar="FILE", **many)
+        parser.add_argument("--validation-files", metavar="FILE", **many)
+    for kind in ("reward", "group-reward"):
+        parser.add_argument(
+            f"--{kind}-weights", type=float, metavar="W", help=f"one per {kind}, in order", **many
+        )
+    parser.add_argument(
+        "--runtimes",
+        metavar="JSON",
+        help="each function's runtime: a JSON object of objects, keyed by "
+        + ("its name or id" if ids else "its classpath"),
+    )
+    parser.add_argument("--hyper-parameters", metavar="JSON", help="a JSON object")
+    parser.add_argument("--resources", metavar="JSON", help="a JSON object")
+    parser.add_argument("--wait", action="store_true", help="follow the job to a final state")
+    _waiting(parser, None)
+
+
 def add_commands(commands: Any) -> None:
     """Add the platform commands to ``python -m runtime``'s subparsers."""
     common = _common()
@@ -221,19 +263,27 @@ def add_commands(commands: Any) -> None:
     job_run = jobs.add_parser(
         "run",
         parents=[common],
-        help="register, upload, submit a job from a job file",
+        help="register, upload, submit a job from a job file or from options",
         description="Register the functions of the job file (except those with an entity_id), "
         "upload its datasets (except those with a file_id), submit the job, print its id "
-        "and status. --wait follows it to a final state; exit 0 only when it succeeded.",
+        "and status. Without -c, the job is made of the options (--model, --training-files, "
+        "the classpaths...); with it, each one given replaces the file's setting. --wait "
+        "follows the job to a final state; exit 0 only when it succeeded.",
         epilog="example: cd sample_functions && python -m runtime job run -c rl-job.yaml --wait",
     )
-    job_run.add_argument("-c", "--config", required=True, metavar="YAML", help="the job file")
-    job_run.add_argument("--teacher-model", help="on-policy distillation from this model")
-    job_run.add_argument("--job-name", help="the job's name, exactly (default: name-XXXXXXXX)")
-    job_run.add_argument("--model", help="the base model (overrides model.name)")
-    job_run.add_argument("--wait", action="store_true", help="follow the job to a final state")
+    job_submit = jobs.add_parser(
+        "submit",
+        parents=[common],
+        help="submit a job of functions registered and files uploaded before",
+        description="Submit a job whose functions are registered (entity ids) and whose "
+        "datasets are uploaded (file ids): from a job file whose functions have an entity_id "
+        "and datasets a file_id, or from the options. Nothing is registered or uploaded.",
+        epilog="example: python -m runtime job submit --model qwen3.5-9b --rollout-id ro-1 "
+        "--reward-ids answer=rw-1 --training-file-ids file-1",
+    )
+    for parser, ids in ((job_run, False), (job_submit, True)):
+        _job_options(parser, ids)
     _server_option(job_run)
-    _waiting(job_run, None)
 
     for action, text in (
         ("get", "show a job"),
@@ -316,7 +366,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _platform(args: argparse.Namespace, reporter: Any) -> Any:
-    from runtime.platform.http import DEFAULT_BASE_URL, Platform
+    """The Python API's client (``runtime.platform.client``), configured from the command
+    line and the environment, each setting checked first (a usage error, nothing sent)."""
+    from runtime.platform.client import PlatformClient
+    from runtime.platform.http import DEFAULT_BASE_URL
 
     key = args.api_key if args.api_key is not None else os.environ.get("DASHSCOPE_API_KEY", "")
     key = key.strip()
@@ -330,13 +383,13 @@ def _platform(args: argparse.Namespace, reporter: Any) -> Any:
     base = args.base_url or os.environ.get("DASHSCOPE_HTTP_BASE_URL") or DEFAULT_BASE_URL
     _check_url(base, "--base-url (or DASHSCOPE_HTTP_BASE_URL)")
     workspace = args.workspace_id or os.environ.get("DASHSCOPE_WORKSPACE_ID") or None
-    return Platform(
-        base,
+    return PlatformClient(
         key,
-        notify=reporter.note,
+        base_url=base,
+        progress=reporter,
         user_agent=_user_agent(),
         workspace=workspace,
-        timeout=_request_timeout(args),
+        request_timeout=_request_timeout(args),
     )
 
 
@@ -413,41 +466,21 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform.functions import register, resolve
-
-    workspace = Path(args.workspace)
-    components = [
-        resolve(kind, classpath, workspace)
-        for kind, given in (
-            ("rollout", args.rollout),
-            ("reward", args.reward),
-            ("group_reward", args.group_reward),
-        )
-        for classpath in given
-    ]
-    if not components:
+    if not (args.rollout or args.reward or args.group_reward):
         raise UsageError("nothing to register: pass --rollout, --reward or --group-reward")
-
-    def created() -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for suffix, attr in (("entity_ids", "entity_id"), ("instance_ids", "instance_id")):
-            for kind in ("rollout", "reward", "group_reward"):
-                result[f"{kind}_{suffix}"] = [
-                    getattr(c, attr) for c in components if c.kind == kind and getattr(c, attr)
-                ]
-        return result
-
-    with _partial(created, args.output), _platform(args, reporter) as platform:
-        register(
-            platform,
-            components,
-            reporter,
+    client = _platform(args, reporter)
+    with _partial(args.output):
+        registered = client.register(
+            args.workspace,
+            rollout=args.rollout,
+            reward=args.reward,
+            group_reward=args.group_reward,
             lazy=args.lazy,
             server=args.server,
             poll_interval=args.poll_interval,
-            wait_timeout=args.timeout,
+            timeout=args.timeout,
         )
-    _emit(created(), args.output)
+    _emit(registered.model_dump(), args.output)
     return 0
 
 
@@ -494,10 +527,8 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
         input_model.model_validate(payload)
     except ValidationError as exc:
         raise UsageError(f"the input is not a valid {args.type} input: {problems(exc)}") from None
-    from runtime.platform.functions import invoke
-
-    with _platform(args, reporter) as platform:
-        status, output = invoke(platform, args.instance_id, payload)
+    answer = _platform(args, reporter).test_function(args.instance_id, args.type, payload)
+    status, output = answer.http_status, answer.output
     if not isinstance(output, dict):
         _say(f"error: the instance answered HTTP {status} with {output!r}")
         return 1
@@ -508,7 +539,7 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
             f"warning: the output does not fit the {args.type} output model: {problems(exc)}"
         )
     _emit(output, args.output)
-    if status >= 400 or output.get("status") == "failed":
+    if answer.failed:
         detail = output.get("error") or output.get("detail") or output.get("message")
         _say(f"error: the function failed (HTTP {status}): {detail}")
         return 1
@@ -516,180 +547,257 @@ def _test_function(args: argparse.Namespace, reporter: Any) -> int:
 
 
 def _upload_data(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform.datasets import check_jsonl, upload
+    from runtime.platform.datasets import check_jsonl
 
-    files: list[tuple[str, Path]] = []
+    files: dict[str, list[Path]] = {"training": [], "validation": []}
     for kind, given in (("training", args.training), ("validation", args.validation)):
         for name in given:
             path = Path(name)
             if not path.is_file():
                 raise UsageError(f"{name}: no such file (nothing was sent)")
-            if any(k == kind and p.samefile(path) for k, p in files):
+            if any(p.samefile(path) for p in files[kind]):
                 reporter.note(f"{name} is given twice as {kind} data: uploaded once")
                 continue
-            files.append((kind, path))
-    for _, path in files:
-        check_jsonl(path)  # all of them before any upload
-    result: dict[str, list[str]] = {"training_file_ids": [], "validation_file_ids": []}
-    with _partial(lambda: result, args.output), _platform(args, reporter) as platform:
-        for kind, path in files:
-            with reporter.step(f"uploading {path} ({path.stat().st_size / 1024:.1f} KiB)"):
-                result[f"{kind}_file_ids"].append(upload(platform, path))
-    _emit(result, args.output)
+            files[kind].append(path)
+    for path in files["training"] + files["validation"]:
+        check_jsonl(path)  # all of them before any upload (and before the key is checked)
+    client = _platform(args, reporter)
+    with _partial(args.output):
+        uploaded = client.upload_datasets(files["training"], files["validation"])
+    _emit(uploaded.model_dump(), args.output)
     return 0
 
 
 def _job_run(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform import jobs
-    from runtime.platform.config import load_job_file
-    from runtime.platform.datasets import check_jsonl, upload
-    from runtime.platform.functions import register
-
-    if not Path(args.config).is_file():
-        raise UsageError(f"{args.config}: no such job file (nothing was sent)")
-    job = load_job_file(args.config)
-    if args.teacher_model:
-        job.config.teacher_model = args.teacher_model
-    if args.model:
-        job.config.model.name = args.model
-    job.check()
-    # everything local first: a bad dataset or class fails before anything is sent
+    """``job run`` and ``job submit``."""
+    job = _job_of(args, submitting=args.job_command == "submit")
     if args.job_name is not None and not 1 <= len(args.job_name) <= 256:
         raise UsageError(f"--job-name must be 1 to 256 characters, not {len(args.job_name)}")
-    datasets: dict[int, Path] = {}
-    for index, dataset in enumerate(job.config.datasets):
-        if dataset.needs_upload and dataset.type == "testing":
-            reporter.note(
-                f"datasets[{index}] ({dataset.file_name}): a testing dataset is not "
-                "sent with the job, so it is not uploaded"
-            )
-        elif dataset.needs_upload:
-            assert dataset.file_name is not None
-            path = (job.base_dir / dataset.file_name).resolve()
-            if not path.is_file():
-                where = job.where("datasets", index, "file_name")
-                raise UsageError(f"{where}: {path}: no such file (nothing was sent)")
-            try:
-                check_jsonl(path)
-            except Exception as exc:
-                raise job.error(str(exc), "datasets", index, "file_name") from None
-            datasets[index] = path
-    components = jobs.components_of(job)
-    file_ids: dict[int, str] = {}
-    result: dict[str, Any] = {}
-
-    def created() -> dict[str, Any]:
-        return {
-            "entity_ids": {c.label: c.entity_id for c in components if c.entity_id},
-            "file_ids": {
-                job.config.datasets[i].file_name: file_id for i, file_id in file_ids.items()
-            },
-        }
-
-    with _partial(lambda: result or created(), args.output), _platform(args, reporter) as platform:
-        register(platform, components, reporter, lazy=True, server=args.server)
-        for index, path in datasets.items():
-            with reporter.step(f"uploading {path.name} ({path.stat().st_size / 1024:.1f} KiB)"):
-                file_ids[index] = upload(platform, path)
-        body = jobs.submit_body(job, components, file_ids, job_name=args.job_name)
-        submitted = jobs.submit(platform, body)
-        result.update(
-            job_id=submitted["job_id"],
-            status=submitted.get("status"),
-            job_name=submitted.get("job_name", body["job_name"]),
-            **created(),
+    client = _platform(args, reporter)
+    result: dict[str, Any]
+    if args.job_command == "submit":
+        job_ = client.submit(
+            job, job_name=args.job_name, model=args.model, teacher_model=args.teacher_model
         )
-        reporter.note(f"submitted job {result['job_id']} ({result['status']})")
-        if not args.wait:
-            _emit(result, args.output)
-            return 0
-        final = _follow(platform, result["job_id"], args, reporter)
-    result["status"] = final.get("status")
+        result = {"job_id": job_.job_id, "status": job_.status, "job_name": job_.job_name}
+        reporter.note(f"submitted job {job_.job_id} ({job_.status})")
+    else:
+        with _partial(args.output, only=("entity_ids", "file_ids")):
+            run = client.run(
+                job,
+                job_name=args.job_name,
+                model=args.model,
+                teacher_model=args.teacher_model,
+                server=args.server,
+            )
+        result = {
+            "job_id": run.job_id,
+            "status": run.status,
+            "job_name": run.job_name,
+            "entity_ids": run.entity_ids,
+            "file_ids": run.file_ids,
+        }
+    if not args.wait:
+        _emit(result, args.output)
+        return 0
+    with _partial(args.output, shown=result):
+        final = _follow(client, str(result["job_id"]), args, reporter)
+    result["status"] = final.status
     _emit(result, args.output)
     return 0 if result["status"] == "SUCCEEDED" else 1
 
 
+def _json_object(text: str | None, option: str) -> dict[str, Any] | None:
+    import orjson
+
+    if text is None:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise UsageError(f"{option}: not JSON ({exc}) (nothing was sent)") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{option}: must be a JSON object (nothing was sent)")
+    return value
+
+
+def _job_of(args: argparse.Namespace, *, submitting: bool) -> Any:
+    """The job of ``job run`` / ``job submit``: the job file (``-c``), each option given
+    replacing its setting, or, without one, the job the options make."""
+    from pydantic import ValidationError
+
+    from runtime.platform.answers import problems
+    from runtime.platform.client import job_file
+    from runtime.platform.config import Dataset, FunctionSpec, HyperParameters, JobConfig
+
+    job = None
+    if args.config is not None:
+        if not Path(args.config).is_file():
+            raise UsageError(f"{args.config}: no such job file (nothing was sent)")
+        job = job_file(args.config)  # its errors before the options'
+    runtimes = _json_object(args.runtimes, "--runtimes") or {}
+    functions = _functions_of(args, runtimes, submitting)
+    if submitting:
+        given = [("training", f) for f in args.training_file_ids]
+        given += [("validation", f) for f in args.validation_file_ids]
+        datasets = [{"type": kind, "file_id": file_id} for kind, file_id in given]
+    else:
+        given = [("training", f) for f in args.training_files]
+        given += [("validation", f) for f in args.validation_files]
+        for _, name in given:
+            if not Path(name).is_file():
+                raise UsageError(f"{name}: no such file (nothing was sent)")
+        # relative to the current directory: as given without a job file, else made absolute
+        # (the job file's relative paths are relative to it)
+        datasets = [
+            {"type": k, "file_name": f if job is None else str(Path(f).resolve())} for k, f in given
+        ]
+    hyper = _json_object(args.hyper_parameters, "--hyper-parameters")
+    resources = _json_object(args.resources, "--resources")
+    try:
+        if job is None:
+            if not datasets:
+                data = "--training-file-ids" if submitting else "--training-files"
+                raise UsageError(
+                    f"job {args.job_command} needs -c YAML, or a job made of options: "
+                    f"--model, {data} and the functions (nothing was sent)"
+                )
+            job = job_file(JobConfig.model_validate({"functions": functions}))
+        elif functions:
+            job.config.functions = [FunctionSpec.model_validate(f) for f in functions]
+        if datasets:
+            job.config.datasets = [Dataset.model_validate(d) for d in datasets]
+        if hyper is not None:
+            job.config.training.hyper_parameters = HyperParameters.model_validate(hyper)
+        if resources is not None:
+            job.config.training.resources = resources
+    except ValidationError as exc:
+        raise UsageError(
+            f"the options make no valid job: {problems(exc)} (nothing was sent)"
+        ) from None
+    return job
+
+
+def _functions_of(
+    args: argparse.Namespace, runtimes: dict[str, Any], submitting: bool
+) -> list[dict[str, Any]]:
+    """The functions the options name, each with its weight (in order) and runtime."""
+    named: list[tuple[str, str, str | None, str | None]] = []  # kind, key, name, entity id
+    if submitting:
+        given = [("rollout", args.rollout_id)] if args.rollout_id else []
+        given += [("reward", i) for i in args.reward_ids]
+        given += [("group_reward", i) for i in args.group_reward_ids]
+        for kind, text in given:
+            name, _, entity = text.rpartition("=")
+            named.append((kind, entity, name or None, entity))
+    else:
+        for kind in ("rollout", "reward", "group_reward"):
+            named += [(kind, c, None, None) for c in getattr(args, f"{kind}_classpaths")]
+    functions: list[dict[str, Any]] = []
+    for kind, key, name, entity in named:
+        spec: dict[str, Any] = {"type": kind}
+        if entity is not None:
+            spec.update(entity_id=entity, name=name)
+        else:
+            spec["fcmodel"] = {"zipdir": str(Path(args.workspace_dir).resolve()), "classpath": key}
+        runtime = runtimes.get(name) if name in runtimes else runtimes.get(key)
+        if runtime is not None:
+            spec["runtime"] = runtime
+        functions.append(spec)
+    keys = {k for _, k, _, _ in named} | {n for _, _, n, _ in named if n}
+    unknown = sorted(set(runtimes) - keys)
+    if unknown:
+        raise UsageError(f"--runtimes names {unknown[0]!r}, which is no function given")
+    for kind in ("reward", "group_reward"):
+        weights = getattr(args, f"{kind}_weights")
+        specs = [f for f in functions if f["type"] == kind]
+        if weights and len(weights) != len(specs):
+            option = kind.replace("_", "-")
+            raise UsageError(
+                f"--{option}-weights gives {len(weights)} weight(s) for {len(specs)} "
+                f"{kind.replace('_', ' ')}(s): one each, in order (nothing was sent)"
+            )
+        for spec, weight in zip(specs, weights, strict=False):
+            spec["weight"] = weight
+    return functions
+
+
 @contextlib.contextmanager
-def _partial(created: Callable[[], dict[str, Any]], fmt: str) -> Iterator[None]:
-    """On a failure part-way, what was created so far goes to stdout (in the format asked
-    for) before the error line, so that nothing is orphaned without its id."""
+def _partial(
+    fmt: str, *, shown: dict[str, Any] | None = None, only: tuple[str, ...] | None = None
+) -> Iterator[None]:
+    """On a failure part-way, what was created so far (``shown``, else the error's
+    ``partial``, its keys ``only``) goes to stdout (in the format asked for) before the
+    error line, so that nothing is orphaned without its id."""
     try:
         yield
-    except BaseException:
-        shown = created()
-        if any(shown.values()):
-            _emit(shown, fmt)
+    except BaseException as exc:
+        partial = getattr(exc, "partial", None)
+        created = shown if shown is not None else partial.model_dump() if partial else {}
+        if only is not None:
+            created = {k: v for k, v in created.items() if k in only}
+        if any(created.values()):
+            _emit(created, fmt)
         raise
 
 
-def _follow(platform: Any, job_id: str, args: argparse.Namespace, reporter: Any) -> dict:
-    from runtime.platform import jobs
-
-    return jobs.follow(
-        platform,
+def _follow(client: Any, job_id: str, args: argparse.Namespace, reporter: Any) -> Any:
+    return client.wait(
         job_id,
         on_status=lambda status: reporter.note(f"job {job_id}: {status}"),
         on_line=lambda line: reporter.note(f"  | {line}"),
+        on_retry=reporter.note,
         interval=args.poll_interval,
         timeout=args.timeout,
-        on_retry=reporter.note,
     )
 
 
 def _job_simple(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform import jobs
-
-    with _platform(args, reporter) as platform:
-        action = args.job_command
-        if action == "get":
-            result = jobs.get(platform, args.job_id)
-        elif action == "list":
-            result = jobs.list_jobs(platform, args.page, args.size)
-        elif action == "cancel":
-            result = jobs.cancel(platform, args.job_id)
-        else:
-            result = jobs.delete(platform, args.job_id)
-    _emit(result, args.output)
+    client = _platform(args, reporter)
+    action = args.job_command
+    if action == "get":
+        result = client.get(args.job_id)
+    elif action == "list":
+        result = client.list_page(args.page, args.size)
+    elif action == "cancel":
+        result = client.cancel(args.job_id)
+    else:
+        result = client.delete(args.job_id)
+    _emit(result.model_dump(exclude_unset=True), args.output)
     return 0
 
 
 def _job_logs(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform import jobs
-
-    with _platform(args, reporter) as platform:
-        if not args.follow:
-            lines = jobs.job_logs(platform, args.job_id, args.offset, args.lines)
-            _emit({"job_id": args.job_id, "logs": lines}, args.output, lines=True)
-            return 0
-        final = jobs.follow(
-            platform,
-            args.job_id,
-            on_status=lambda status: reporter.note(f"job {args.job_id}: {status}"),
-            on_line=lambda line: _emit({"logs": [line]}, "table", lines=True),
-            interval=args.poll_interval,
-            timeout=None,
-            offset=args.offset,
-            on_retry=reporter.note,
-        )
-    return 0 if final.get("status") == "SUCCEEDED" else 1
+    client = _platform(args, reporter)
+    if not args.follow:
+        lines = client.logs_page(args.job_id, args.offset, args.lines)
+        _emit({"job_id": args.job_id, "logs": lines}, args.output, lines=True)
+        return 0
+    final = client.wait(
+        args.job_id,
+        on_status=lambda status: reporter.note(f"job {args.job_id}: {status}"),
+        on_line=lambda line: _emit({"logs": [line]}, "table", lines=True),
+        on_retry=reporter.note,
+        interval=args.poll_interval,
+        timeout=None,
+        offset=args.offset,
+    )
+    return 0 if final.status == "SUCCEEDED" else 1
 
 
 def _job_wait(args: argparse.Namespace, reporter: Any) -> int:
-    with _platform(args, reporter) as platform:
-        final = _follow(platform, args.job_id, args, reporter)
-    _emit(final, args.output)
-    return 0 if final.get("status") == "SUCCEEDED" else 1
+    final = _follow(_platform(args, reporter), args.job_id, args, reporter)
+    _emit(final.model_dump(exclude_unset=True), args.output)
+    return 0 if final.status == "SUCCEEDED" else 1
 
 
 def _instance(args: argparse.Namespace, reporter: Any) -> int:
-    from runtime.platform.functions import delete_instance, instance_logs
-
-    with _platform(args, reporter) as platform:
-        if args.instance_command == "logs":
-            lines = instance_logs(platform, args.instance_id)
-            _emit({"instance_id": args.instance_id, "logs": lines}, args.output, lines=True)
-        else:
-            _emit(delete_instance(platform, args.instance_id), args.output)
+    client = _platform(args, reporter)
+    if args.instance_command == "logs":
+        lines = client.instance_logs(args.instance_id)
+        _emit({"instance_id": args.instance_id, "logs": lines}, args.output, lines=True)
+    else:
+        _emit(client.delete_instance(args.instance_id), args.output)
     return 0
 
 
@@ -698,6 +806,7 @@ _HANDLERS = {
     "test-function": _test_function,
     "upload-data": _upload_data,
     "job run": _job_run,
+    "job submit": _job_run,
     "job get": _job_simple,
     "job list": _job_simple,
     "job cancel": _job_simple,

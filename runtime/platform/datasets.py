@@ -1,27 +1,55 @@
-"""Training data: check JSONL files locally, then upload them one by one (``POST /files``)."""
+"""Training data: check JSONL files locally, then upload them one by one (``POST /files``).
+
+Both stream: the check reads a line at a time and keeps only the first bad lines it names,
+the upload sends the file from disk a chunk at a time, so neither needs memory that grows
+with the file (files of several GB are common).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
 from runtime.platform import answers
-from runtime.platform.http import Platform, PlatformError
+from runtime.platform.http import FileBody, Platform, PlatformError
 
 __all__ = ["DatasetError", "check_jsonl", "upload"]
 
 _SIZE_LIMIT = 1024 * 1024 * 1024
 _SHOWN = 5  # bad lines named in one message
+_LINE_LIMIT = 32 * 1024 * 1024  # bytes of one record: longer is refused, never read whole
+_EVERY = 4 * 1024 * 1024  # bytes checked between two progress reports
 
 
 class DatasetError(Exception):
     pass
 
 
-def check_jsonl(path: Path) -> None:
-    """Every line a JSON object with a ``messages`` list; the bad lines' numbers if not."""
+class _Bad:
+    """The bad lines found: every one counted, the first ``_SHOWN`` named."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.named: list[str] = []
+
+    def add(self, text: str) -> None:
+        self.count += 1
+        if len(self.named) < _SHOWN:
+            self.named.append(text)
+
+    def blank(self, first: int, last: int) -> None:
+        """Lines ``first`` to ``last``, empty, with a record after them."""
+        for number in range(first, min(last, first + _SHOWN - 1) + 1):
+            self.add(f"line {number}: empty")
+        self.count += max(0, last - first + 1 - _SHOWN)
+
+
+def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> None:
+    """Every line a JSON object with a ``messages`` list; the bad lines' numbers if not.
+    ``progress``: told the bytes checked so far, every few MiB."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
     limit = int(os.environ.get("DATASETS_FILE_SIZE_WARNING", _SIZE_LIMIT))
@@ -30,49 +58,69 @@ def check_jsonl(path: Path) -> None:
         raise DatasetError(f"{path}: the file is empty")
     if size > limit:
         raise DatasetError(f"{path}: {size / 1e6:.1f} MB, over the limit of {limit / 1e6:.1f} MB")
-    bad: list[str] = []
-    blank: list[int] = []  # blank lines are bad only when a record follows them
-    records = 0
+    bad = _Bad()
+    blank: tuple[int, int] | None = None  # blank lines are bad only when a record follows
+    records = done = reported = 0
+    number = 0
     with path.open("rb") as lines:
-        for number, line in enumerate(lines, 1):
+        while line := lines.readline(_LINE_LIMIT + 1):
+            number += 1
+            done += len(line)
+            if progress is not None and done - reported >= _EVERY:
+                progress(done)
+                reported = done
             if not line.strip():
-                blank.append(number)
+                blank = (blank[0] if blank else number, number)
                 continue
-            bad.extend(f"line {n}: empty" for n in blank)
-            blank.clear()
+            if blank:
+                bad.blank(*blank)
+                blank = None
             records += 1
+            if len(line) > _LINE_LIMIT and not line.endswith(b"\n"):  # skipped, not read
+                bad.add(f"line {number}: over {_LINE_LIMIT // 2**20} MiB, not a record")
+                while not line.endswith(b"\n") and (line := lines.readline(_EVERY)):
+                    done += len(line)
+                continue
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                bad.append(f"line {number}: not JSON ({str(exc).split(':')[0]})")
+                bad.add(f"line {number}: not JSON ({str(exc).split(':')[0]})")
                 continue
             if not isinstance(record, dict):
-                bad.append(f"line {number}: not a JSON object")
+                bad.add(f"line {number}: not a JSON object")
             elif not isinstance(record.get("messages"), list) or not record["messages"]:
-                bad.append(f"line {number}: no 'messages' list")
+                bad.add(f"line {number}: no 'messages' list")
             elif not all(isinstance(m, dict) for m in record["messages"]):
-                bad.append(f"line {number}: 'messages' must be a list of objects")
+                bad.add(f"line {number}: 'messages' must be a list of objects")
+    if progress is not None:
+        progress(done)
     if not records:
         raise DatasetError(f"{path}: no records, only blank lines")
-    if bad:
-        more = f" (and {len(bad) - _SHOWN} more)" if len(bad) > _SHOWN else ""
-        raise DatasetError(f"{path}: {len(bad)} bad line(s): " + "; ".join(bad[:_SHOWN]) + more)
+    if bad.count:
+        more = f" (and {bad.count - _SHOWN} more)" if bad.count > _SHOWN else ""
+        raise DatasetError(f"{path}: {bad.count} bad line(s): " + "; ".join(bad.named) + more)
 
 
-def upload(platform: Platform, path: Path) -> str:
-    """Upload one checked file; its file id."""
+def upload(platform: Platform, path: Path, *, progress: Callable[[int], None] | None = None) -> str:
+    """Upload one checked file, streamed from disk; its file id. ``progress``: told the
+    bytes sent so far (0 again when a retry starts the file over)."""
     what = f"uploading {path.name}"
-    out = platform.call(
-        what,
-        "POST",
-        platform.url("files"),
-        answer=answers.FilesUploaded,
-        creates=f"the platform's files for one named {path.name}",
-        files=[
-            ("files", (path.name, path.read_bytes(), "application/octet-stream")),
-            ("purpose", (None, b"fine-tune", "text/plain; charset=utf-8")),
-        ],
-    )
+    body = FileBody(path, progress)
+    try:
+        out = platform.call(
+            what,
+            "POST",
+            platform.url("files"),
+            answer=answers.FilesUploaded,
+            creates=f"the platform's files for one named {path.name}",
+            upload=body,
+            files=[
+                ("files", (path.name, body, "application/octet-stream")),
+                ("purpose", (None, b"fine-tune", "text/plain; charset=utf-8")),
+            ],
+        )
+    finally:
+        body.close()
     if out.failed_uploads:
         details = "; ".join(
             orjson.dumps(f).decode() if isinstance(f, (dict, list)) else str(f)

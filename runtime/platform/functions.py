@@ -4,17 +4,18 @@ Registration of the components that have no ``entity_id`` yet:
 
 1. import every class in a clean subprocess (one per workspace), as ``serve`` would, which
    also gives each reward's sub-reward weights from its registry;
-2. build each component's zip (its class baked into its ``start.sh``);
+2. build each component's zip (its class baked into its ``start.sh``) into a temporary
+   file, removed once it is uploaded, or whatever stops the registration (Ctrl-C too);
 3. create one dependency layer per distinct set of requirements (the SDK makes one per
    component; layers are slow to build);
-4. per component: a signed upload URL, the zip PUT to it, the register call;
+4. per component: a signed upload URL, the zip PUT to it (streamed from the file, sent
+   again from its start if it fails), the register call;
 5. unless lazy: wait for the layers, start an instance of each, wait until it is active.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ from typing import Any
 from runtime.platform import answers, packaging
 from runtime.platform.config import FunctionSpec
 from runtime.platform.http import Platform, PlatformError, decode
-from runtime.platform.progress import Reporter
+from runtime.platform.progress import Reporter, size_text
 
 __all__ = [
     "KINDS",
@@ -66,7 +67,8 @@ class Component:
     weights: dict[str, float] | None = None
     instance_id: str | None = None
     requirements: str = ""
-    package: packaging.Package | None = field(default=None, repr=False)
+    # the zip, a temporary file while ``register`` runs (None once it is removed)
+    package: packaging.PackageFile | None = field(default=None, repr=False)
     where: str = ""  # "job.yaml:12: functions[1].fcmodel.classpath", when from a job file
 
     @property
@@ -150,7 +152,7 @@ def check_imports(components: list[Component], reporter: Reporter) -> None:
                 _import_in(group[0].zipdir.resolve(), group, "the workspace")
                 continue
             with tempfile.TemporaryDirectory(prefix="agentic-rl-check-") as unpacked:
-                with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
+                with zipfile.ZipFile(package.path) as archive:
                     archive.extractall(unpacked)
                 _import_in(Path(unpacked), group, "the package")
 
@@ -221,6 +223,21 @@ def register(
 ) -> None:
     """Register the components without an entity id (in place); start instances unless lazy."""
     todo = [c for c in components if not c.entity_id]
+    try:
+        _package_and_register(platform, todo, reporter, server)
+    finally:  # the zips' temporary files, whatever happened
+        for c in todo:
+            if c.package is not None:
+                c.package.remove()
+                c.package = None
+    if lazy:
+        return
+    _start(platform, components, reporter, poll_interval, wait_timeout)
+
+
+def _package_and_register(
+    platform: Platform, todo: list[Component], reporter: Reporter, server: str
+) -> None:
     if todo:
         with reporter.step(f"packaging {len(todo)} function(s)"):
             for c in todo:
@@ -228,7 +245,7 @@ def register(
                     c.requirements = packaging.layer_requirements(
                         c.zipdir, c.requirements_path, server
                     )
-                    c.package = packaging.build_package(
+                    c.package = packaging.build_package_file(
                         c.zipdir,
                         c.kind,
                         c.module,
@@ -244,8 +261,7 @@ def register(
                 except packaging.PackagingError as exc:
                     raise ComponentError(f"{c.label}: {exc}") from None
                 reporter.note(
-                    f"  {c.label}: {len(c.package.data) / 1024:.1f} KiB, "
-                    f"{len(c.package.entries)} files"
+                    f"  {c.label}: {size_text(c.package.size)}, {len(c.package.entries)} files"
                 )
         for secret in sorted({s for c in todo if c.package for s in c.package.left_out_secrets}):
             reporter.note(
@@ -257,7 +273,8 @@ def register(
     for c in todo:
         assert c.package is not None
         unique_key = f"{c.kind}-{uuid.uuid4()}"
-        with reporter.step(f"uploading {c.label} ({len(c.package.data) / 1024:.1f} KiB)"):
+        size = c.package.size
+        with reporter.transfer(f"uploading {c.label} ({size_text(size)})", size) as sent:
             url = platform.call(
                 "getting an upload URL",
                 "POST",
@@ -266,7 +283,9 @@ def register(
                 json={"unique_key": unique_key},
                 creates=f"for an upload URL of unique_key {unique_key}",
             ).url
-            platform.put_bytes(f"uploading the package of {c.label}", url, c.package.data)
+            what = f"uploading the package of {c.label}"
+            platform.put_file(what, url, c.package.path, progress=sent)
+        c.package.remove()  # uploaded: its disk space back now
         c.layer_code = layers.get(c.requirements) or c.layer_code
         registered = platform.call(
             f"registering {c.label}",
@@ -278,8 +297,16 @@ def register(
         )
         c.entity_id = getattr(registered, f"{c.kind}_id")
         reporter.note(f"registered {c.label}: {c.entity_id}")
-    if lazy:
-        return
+
+
+def _start(
+    platform: Platform,
+    components: list[Component],
+    reporter: Reporter,
+    poll_interval: float,
+    wait_timeout: float,
+) -> None:
+    """Wait for the layers, start an instance of each component, wait until all are active."""
     # --timeout is one deadline for all of the waiting (layers, then instances), and every
     # request made while waiting ends with it, however slowly the platform answers
     deadline = time.monotonic() + wait_timeout

@@ -11,25 +11,33 @@ Every answer is checked against the contract's model of it (``runtime.platform.a
 a malformed one is an error naming the call and the field. Each request, its answer read
 whole, ends within the request timeout whatever the server does (httpx's timeouts are per
 read, which a server sending a byte a second never trips), and an answer is not read past
-16 MiB.
+16 MiB. A file sent as a body (``FileBody``: a dataset, a package) is read in chunks, never
+whole, and each chunk that goes out gives the request its timeout anew: an upload of several
+GB takes longer than any fixed limit, and one that stalls still ends.
 
 Retries (tenacity) cover only what cannot have been carried out: a connection that was
 never made, and 429/503 (honouring ``Retry-After``), with backoff within a deadline. A
 creating POST whose request went out and whose answer was lost is not repeated: it is
-reported as an unclear outcome with what to check.
+reported as an unclear outcome with what to check (and so is one cut by Ctrl-C); one cut
+before its file body was all sent cannot have been carried out, and is sent again from the
+start of the file. A PUT of a file is sent again whole on a transport error or a 5xx, a few
+times.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
+import math
 import os
 import re
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from email.utils import parsedate_to_datetime
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -40,6 +48,7 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
+    stop_after_attempt,
     stop_after_delay,
     wait_exponential,
     wait_random,
@@ -52,6 +61,8 @@ __all__ = [
     "DEFAULT_BASE_URL",
     "ENDPOINT_VARIABLES",
     "MAX_ANSWER",
+    "FileBody",
+    "FileChanged",
     "Platform",
     "PlatformError",
     "RequestNotSent",
@@ -79,6 +90,8 @@ _ENDPOINTS: dict[str, tuple[str, str | None]] = {
 }
 ENDPOINT_VARIABLES = tuple(sorted(env for _, env in _ENDPOINTS.values() if env))
 _BUSY = (429, 503)
+_PUT_RETRIED = (429, 500, 502, 503, 504)  # a storage service's transient failures
+_UPLOAD_TRIES = 5  # attempts at sending a file, each from its start
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of one answer, decoded
 A = TypeVar("A", bound=Answer)
 _WORKSPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -122,6 +135,91 @@ class RequestNotSent(PlatformError):
 
 class UnclearOutcome(PlatformError):
     """The request went out and no answer came: it may or may not have been carried out."""
+
+
+class FileChanged(Exception):
+    """A file being sent changed size, or could not be read, part-way: never sent cut."""
+
+
+# While a request is sent: renews its deadline (see ``FileBody``)
+_renew: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "_renew", default=None
+)
+
+
+class FileBody:
+    """A local file as a request body: a PUT's ``content`` (with its Content-Length), or the
+    file of a multipart form (``files``), which httpx reads through ``seek``, ``tell`` and
+    ``read``. It is read a chunk at a time from its start on every attempt, so memory does
+    not grow with the file and a retry sends it whole. Its size is taken once: a file that
+    changes size while it is sent fails the request (``FileChanged``) instead of going out
+    cut. Each chunk read renews the request's timeout and is told to ``progress`` as the
+    bytes sent so far (0 again on a retry)."""
+
+    CHUNK = 1024 * 1024
+
+    def __init__(self, path: Path, progress: Callable[[int], None] | None = None) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._progress = progress or (lambda sent: None)
+        self._file: BinaryIO | None = None
+        self._position = 0
+        self._sent = 0  # read out in this attempt (each starts with a seek to 0)
+
+    @property
+    def complete(self) -> bool:
+        """Whether this attempt read the whole file out (the request may have arrived)."""
+        return self._sent >= self.size
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        self._position = base + offset
+        if self._file is not None:
+            self._file.seek(self._position)
+        if self._position == 0:
+            self._sent = 0
+            self._progress(0)
+        return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        left = self.size - self._position
+        wanted = left if size < 0 else min(size, left)
+        if wanted <= 0:
+            return b""
+        try:
+            if self._file is None:
+                self._file = self.path.open("rb")
+                self._file.seek(self._position)
+            chunk = self._file.read(wanted)
+            now = os.fstat(self._file.fileno()).st_size
+        except OSError as exc:
+            raise FileChanged(f"{self.path}: cannot read it: {exc.strerror}") from None
+        if len(chunk) < wanted or (self._position + len(chunk) == self.size and now != self.size):
+            raise FileChanged(
+                f"{self.path} changed while it was being sent ({self.size} bytes when it "
+                f"started, {now} now): nothing was sent cut; send it again once it is written"
+            )
+        self._position += len(chunk)
+        self._sent = max(self._sent, self._position)
+        renew = _renew.get()
+        if renew is not None:
+            renew()
+        self._progress(self._position)
+        return chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        # the reads block the loop briefly (a MiB from a local disk): nothing else runs on it
+        self.seek(0)
+        while chunk := self.read(self.CHUNK):
+            yield chunk
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class _Retry(Exception):
@@ -237,11 +335,15 @@ class Platform:
         answer: type[A],
         creates: bool | str = False,
         bare: bool = False,
+        upload: FileBody | None = None,
         **kwargs: Any,
     ) -> A:
         """Send one request (retrying only what is safe); its answer, checked against the
-        contract's model of it (``what`` names the call in errors)."""
-        response = self.request(what, method, url, creates=creates, bare=bare, **kwargs)
+        contract's model of it (``what`` names the call in errors). ``upload``: the file
+        body the request carries (in ``files`` or ``content``), if any."""
+        response = self.request(
+            what, method, url, creates=creates, bare=bare, upload=upload, **kwargs
+        )
         return _parsed(what, f"{method} {httpx.URL(url).path}", response, answer)
 
     def request(
@@ -252,17 +354,35 @@ class Platform:
         *,
         creates: bool | str = False,
         bare: bool = False,
+        upload: FileBody | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send one request (retrying only what is safe) and return the response as it is."""
         client = self._bare if bare else self._client
         if not bare and url in self._job_urls and self._job_headers:
             kwargs["headers"] = {**self._job_headers, **(kwargs.get("headers") or {})}
-        return self._send(what, client, method, url, creates, kwargs)
+        return self._send(what, client, method, url, creates, kwargs, upload=upload)
 
     def put_bytes(self, what: str, url: str, data: bytes) -> None:
         """PUT raw bytes to a signed URL: no platform key, no content type (as signed)."""
-        response = self._send(what, self._bare, "PUT", url, False, {"content": data})
+        self._put(what, url, {"content": data}, None)
+
+    def put_file(
+        self, what: str, url: str, path: Path, *, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """PUT a file to a signed URL, streamed from disk with its Content-Length; a
+        transport error or a 5xx sends it again from its start, a few times."""
+        body = FileBody(path, progress)
+        try:
+            headers = {"Content-Length": str(body.size)}  # not chunked: the exact size
+            self._put(what, url, {"content": body, "headers": headers}, body)
+        finally:
+            body.close()
+
+    def _put(self, what: str, url: str, kwargs: dict[str, Any], upload: FileBody | None) -> None:
+        response = self._send(
+            what, self._bare, "PUT", url, False, kwargs, upload=upload, retried=_PUT_RETRIED
+        )
         if not response.is_success:
             raise PlatformError(
                 what,
@@ -279,6 +399,9 @@ class Platform:
         url: str,
         creates: bool | str,
         kwargs: dict[str, Any],
+        *,
+        upload: FileBody | None = None,
+        retried: tuple[int, ...] = _BUSY,
     ) -> httpx.Response:
         idempotent = method in ("GET", "PUT", "DELETE")
         # ``creates`` may say what to look for on the platform after an unclear outcome
@@ -292,6 +415,15 @@ class Platform:
                     raise PlatformError(what, "not asked: the time given ran out")
             try:
                 response = self._run(self._exchange(what, client, method, url, timeout, kwargs))
+            except FileChanged as exc:
+                raise PlatformError(what, str(exc)) from None
+            except KeyboardInterrupt:
+                if creates and not idempotent and (upload is None or upload.complete):
+                    self._notify(
+                        f"interrupted while {what}: the request may have reached the platform "
+                        f"and been carried out: check {hint}"
+                    )
+                raise
             except (
                 httpx.UnsupportedProtocol,
                 httpx.InvalidURL,
@@ -310,6 +442,9 @@ class Platform:
                     failure = f"no complete answer from {host} within {timeout:.3g} s ({name})"
                 if idempotent:
                     raise _Retry(failure) from exc
+                if upload is not None and not upload.complete:
+                    # cut before the whole file went out: the request never arrived
+                    raise _Retry(f"{failure}, the file cut short: sent again") from exc
                 if creates:
                     raise UnclearOutcome(
                         what,
@@ -319,10 +454,12 @@ class Platform:
                     ) from exc
                 raise PlatformError(what, failure) from exc
             status = response.status_code
-            if status in _BUSY or _body_code(response) in _BUSY:
-                raise _Retry(
-                    f"platform busy (HTTP {status})", _retry_after(response.headers)
-                ) from None
+            if status in retried or _body_code(response) in _BUSY:
+                busy = status in _BUSY or _body_code(response) in _BUSY
+                reason = (
+                    f"platform busy (HTTP {status})" if busy else f"HTTP {status} from {_host(url)}"
+                )
+                raise _Retry(reason, _retry_after(response.headers)) from None
             return response
 
         def before_sleep(state: RetryCallState) -> None:
@@ -333,9 +470,15 @@ class Platform:
                 raise PlatformError(what, f"{reason}; no time left to try again")
             self._notify(f"{reason}, retry {state.attempt_number} in {wait:.0f} s")
 
+        # an upload may take longer than the deadline: it is tried a number of times instead
+        stop = (
+            stop_after_delay(self._deadline)
+            if upload is None
+            else stop_after_attempt(_UPLOAD_TRIES)
+        )
         retrying = Retrying(
             retry=retry_if_exception_type(_Retry),
-            stop=stop_after_delay(self._deadline),
+            stop=stop,
             wait=_wait,
             before_sleep=before_sleep,
             reraise=True,
@@ -343,9 +486,10 @@ class Platform:
         try:
             return retrying(attempt)
         except _Retry as exc:
-            raise PlatformError(
-                what, f"{exc.reason}; gave up after {self._deadline:g} s of retries"
-            ) from None
+            given = (
+                f"{self._deadline:g} s of retries" if upload is None else f"{_UPLOAD_TRIES} tries"
+            )
+            raise PlatformError(what, f"{exc.reason}; gave up after {given}") from None
 
     async def _exchange(
         self,
@@ -359,8 +503,19 @@ class Platform:
         """One request and its whole answer within ``timeout``; an answer over the size
         limit is not read further (its declared length is checked first)."""
         body = bytearray()
+        # the latest the deadline may be pushed to by a file body (a wait's time limit)
+        cap = (
+            math.inf
+            if self._until is None
+            else anyio.current_time() + self._until - time.monotonic()
+        )
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(timeout) as scope:
+
+                def renew() -> None:
+                    scope.deadline = max(scope.deadline, min(anyio.current_time() + timeout, cap))
+
+                _renew.set(renew)  # this task's own context: the body is read in it
                 async with client.stream(method, url, **kwargs) as response:
                     length = response.headers.get("content-length", "")
                     if length.isdigit() and int(length) > MAX_ANSWER:

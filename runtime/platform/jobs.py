@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from runtime.platform import answers
@@ -24,6 +24,7 @@ __all__ = [
     "FollowError",
     "WaitTimeout",
     "components_of",
+    "events",
     "follow",
     "job_logs",
     "submit",
@@ -230,10 +231,39 @@ def follow(
     page: int = 1000,
     on_retry: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Poll a job to a final state, reporting status changes and new log lines. The
-    queries are GETs, safe to repeat: a transient failure is retried (with a line to
-    ``on_retry``) until the deadline, or for 600 s in a row without one. ``timeout`` is a
-    total deadline: the requests in flight and their retries end with it."""
+    """Poll a job to a final state, reporting status changes and new log lines (``events``
+    with callbacks); the job as last seen."""
+    stream = events(platform, job_id, interval=interval, timeout=timeout, offset=offset, page=page)
+    while True:
+        try:
+            kind, text = next(stream)
+        except StopIteration as done:
+            job: dict[str, Any] = done.value
+            return job
+        if kind == "status":
+            on_status(text)
+        elif kind == "line":
+            on_line(text)
+        elif on_retry is not None:
+            on_retry(text)
+
+
+def events(
+    platform: Platform,
+    job_id: str,
+    *,
+    interval: float,
+    timeout: float | None,
+    offset: int = 1,
+    page: int = 1000,
+    logs: bool = True,
+) -> Generator[tuple[str, str], None, dict[str, Any]]:
+    """Poll a job to a final state, yielding ``("status", STATUS)`` on each change, ``("line",
+    LINE)`` for each new log line (unless not ``logs``) and ``("retry", WHY)`` before a
+    failed query is asked again; returns the job as last seen. The queries are GETs, safe
+    to repeat: a transient failure is retried until the deadline, or for 600 s in a row
+    without one. ``timeout`` is a total deadline: the requests in flight and their retries
+    end with it."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
     failing_since: float | None = None
@@ -243,9 +273,9 @@ def follow(
                 job = get(platform, job_id)
                 status = str(job["status"])
                 if status != last:
-                    on_status(status)
+                    yield "status", status
                     last = status
-                lines = job_logs(platform, job_id, offset, page)
+                lines = job_logs(platform, job_id, offset, page) if logs else []
             except PlatformError as exc:
                 now = time.monotonic()
                 if (
@@ -259,8 +289,7 @@ def follow(
                 failing_since = failing_since or now
                 limit = deadline if deadline is not None else failing_since + _GIVE_UP
                 if _transient(exc) and now + interval <= limit:
-                    if on_retry is not None:
-                        on_retry(f"{exc}; retrying in {interval:g} s")
+                    yield "retry", f"{exc}; retrying in {interval:g} s"
                     if _pause(interval, limit):
                         continue
                 raise FollowError(
@@ -271,9 +300,9 @@ def follow(
                     request_id=exc.request_id,
                 ) from None
             failing_since = None
-            while True:  # every new log line, page after page
+            while lines:  # every new log line, page after page
                 for line in lines:
-                    on_line(line)
+                    yield "line", line
                 offset += len(lines)
                 if len(lines) < page:
                     break

@@ -1,6 +1,8 @@
 """The code package of a function: a zip of the workspace plus a generated ``start.sh``.
 
-The zip is built in memory, so nothing is written into the workspace. It is reproducible:
+The zip is written to a temporary file (``build_package_file``, what ``register`` uploads,
+streamed: memory does not grow with the workspace) or, for a small one, built in memory
+(``build_package``); nothing is written into the workspace. It is reproducible:
 entries sorted, fixed timestamps, normalised permissions, so the same workspace gives the
 same bytes. By default it carries this runtime's own sources (``runtime/``,
 ``processors_base/``) and ``start.sh`` runs ``python -m runtime serve``; ``server="sdk"``
@@ -17,19 +19,23 @@ import os
 import re
 import shlex
 import stat
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 from runtime.platform.shadowing import shadowed_package
 
 __all__ = [
     "DEFAULT_EXCLUDES",
     "Package",
+    "PackageFile",
     "PackagingError",
     "WorkspaceFileError",
     "build_package",
+    "build_package_file",
     "check_environment",
     "layer_requirements",
     "scan_workspace",
@@ -144,6 +150,7 @@ _KEY_FILES = (
     (re.compile(rb"^[ \t]*aws_secret_access_key[ \t]*[=:]", re.M | re.I),),
 )
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+_CHUNK = 1024 * 1024  # bytes of a workspace file read at a time
 _SIZE_LIMIT = 200 * 1024 * 1024
 REQUIREMENTS_NAME = "agentic-rl-requirements.txt"
 SDK_SERVER = "dashscope.finetune.reinforcement.component.server.server"
@@ -167,6 +174,26 @@ class Package:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class PackageFile:
+    """A package whose zip is a temporary file, for one of any size: ``remove()``, or the
+    end of its ``with`` block, deletes it."""
+
+    path: Path
+    size: int
+    entries: tuple[str, ...]
+    left_out_secrets: tuple[str, ...] = ()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> PackageFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
 
 
 def _env_list(name: str) -> list[str]:
@@ -412,7 +439,65 @@ def build_package(
     server: str = "runtime",
     extra_files: tuple[Path, ...] = (),
 ) -> Package:
-    """The zip of one component, in memory; refused over the platform's size limit."""
+    """The zip of one component, in memory (a small one: ``build_package_file`` for one of
+    any size); refused over the platform's size limit."""
+    entries, secrets, sizes, limit = _contents(
+        zipdir, func_type, module, class_name, requirements, server, extra_files
+    )
+    buffer = io.BytesIO()
+    _write_zip(entries, buffer)
+    data = buffer.getvalue()
+    if len(data) > limit:
+        _refuse(zipdir, len(data), limit, sizes, "the package is")
+    return Package(data, tuple(sorted(entries)), tuple(secrets))
+
+
+def build_package_file(
+    zipdir: Path,
+    func_type: str,
+    module: str,
+    class_name: str,
+    requirements: str,
+    *,
+    server: str = "runtime",
+    extra_files: tuple[Path, ...] = (),
+) -> PackageFile:
+    """The zip of one component, written to a temporary file a chunk at a time (the same
+    bytes as ``build_package``'s); refused over the platform's size limit. The file is
+    removed if anything fails (Ctrl-C too); else by the caller (``PackageFile.remove``)."""
+    entries, secrets, sizes, limit = _contents(
+        zipdir, func_type, module, class_name, requirements, server, extra_files
+    )
+    handle, name = tempfile.mkstemp(prefix="agentic-rl-package-", suffix=".zip")
+    path = Path(name)
+    try:
+        with os.fdopen(handle, "w+b") as file:
+            try:
+                _write_zip(entries, file)
+            except OSError as exc:  # reading a workspace file is a WorkspaceFileError
+                raise PackagingError(
+                    f"cannot write the package to {path.parent}: {exc.strerror}"
+                ) from None
+            size = file.tell()
+        if size > limit:
+            _refuse(zipdir, size, limit, sizes, "the package is")
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return PackageFile(path, size, tuple(sorted(entries)), tuple(secrets))
+
+
+def _contents(
+    zipdir: Path,
+    func_type: str,
+    module: str,
+    class_name: str,
+    requirements: str,
+    server: str,
+    extra_files: tuple[Path, ...],
+) -> tuple[dict[str, bytes | Path], list[str], dict[str, int], int]:
+    """What goes into the zip (name: bytes or file), the credential files left out, the
+    files' sizes and the size limit; refused before anything is read over the limit."""
     if not _MODULE.match(module):
         raise PackagingError(f"{module!r} is not an importable module path")
     found, secrets = scan_workspace(zipdir)
@@ -444,29 +529,41 @@ def build_package(
         _refuse(zipdir, total, limit, sizes, "its files add up to")
     entries[REQUIREMENTS_NAME] = requirements.encode()
     entries["start.sh"] = start_script(func_type, module, class_name, server).encode()
+    return entries, secrets, sizes, limit
 
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+
+def _write_zip(entries: dict[str, bytes | Path], dest: IO[bytes]) -> None:
+    """The zip of ``entries``, in name order, each file copied a chunk at a time."""
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in sorted(entries):
             source = entries[name]
-            executable = name == "start.sh"
-            if isinstance(source, Path):
-                try:
-                    data = source.read_bytes()
-                except OSError as exc:
-                    raise WorkspaceFileError(f"{name}: cannot read it: {exc.strerror}") from None
-                executable = bool(source.stat().st_mode & stat.S_IXUSR)
-            else:
-                data = source
             info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.create_system = 3  # unix, so the permission bits below are honoured
-            info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
-            archive.writestr(info, data)
-    data = buffer.getvalue()
-    if len(data) > limit:
-        _refuse(zipdir, len(data), limit, sizes, "the package is")
-    return Package(data, tuple(sorted(entries)), tuple(secrets))
+            if not isinstance(source, Path):
+                info.external_attr = (stat.S_IFREG | (0o755 if name == "start.sh" else 0o644)) << 16
+                archive.writestr(info, source)
+                continue
+            try:
+                file = source.open("rb")
+            except OSError as exc:
+                raise WorkspaceFileError(f"{name}: cannot read it: {exc.strerror}") from None
+            with file:
+                found = os.fstat(file.fileno())
+                executable = bool(found.st_mode & stat.S_IXUSR)
+                info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
+                info.file_size = found.st_size  # decides zip64 before the entry is written
+                with archive.open(info, "w") as entry:
+                    while True:
+                        try:
+                            chunk = file.read(_CHUNK)
+                        except OSError as exc:
+                            raise WorkspaceFileError(
+                                f"{name}: cannot read it: {exc.strerror}"
+                            ) from None
+                        if not chunk:
+                            break
+                        entry.write(chunk)
 
 
 def _refuse(zipdir: Path, size: int, limit: int, sizes: dict[str, int], what: str) -> None:

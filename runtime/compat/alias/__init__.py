@@ -6,18 +6,24 @@ name is this project's implementation: the processor bases, wire models, decorat
 tracing of ``processors_base``; the parsers, demos, FuncManager, errors, enums, settings
 and utilities of this package. The SDK's deployment client (upload, register, tune) and
 its server's handlers are stand-ins that import fine and raise ``NotProvidedError`` with
-what to use instead when called (``unavailable``).
+what to use instead when called (``unavailable``); its component and dataset models are
+the job file's (``tuning``). ``EXTRA_MODULES``: the SDK's Tuning API
+(``dashscope.finetune.agentic_rl``), served by ``runtime.compat.agentic_rl`` on this
+project's platform client.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from typing import Any
 
-__all__ = ["MODULES", "SDK", "exports"]
+__all__ = ["EXTRA_MODULES", "MODULES", "SDK", "exports"]
 
 SDK = "dashscope.finetune.reinforcement"
+# SDK modules beside that package, each served whole by one module of ours
+EXTRA_MODULES = {"dashscope.finetune.agentic_rl": "runtime.compat.agentic_rl"}
 
 MODULES: dict[str, str] = {
     "": (
@@ -185,11 +191,9 @@ MODULES: dict[str, str] = {
     ),
 }
 
+# the SDK's workflow state objects; its component and dataset models are ours (tuning)
 _CLIENT_MODELS = (
-    "AgenticRLFunctionComponent AgenticRLTuning Dataset Datasets FoundationModel "
-    "FunctionComponentModel FunctionComponentRuntime GroupRewardFunctionComponent Models "
-    "MountStorage Observability RewardFunctionComponent RolloutFunctionComponent Training "
-    "TrainingDataset TuningModel ValidationDataset"
+    "AgenticRLTuning Datasets FoundationModel Models Observability Training TuningModel"
 )
 _CLIENT_FUNCTIONS = (
     "app async_http_request check_file client_fc create_deployment_files "
@@ -225,6 +229,9 @@ def _pool() -> dict[str, Any]:
         get_int_env=common.get_int_env,
         setup_logger=common.setup_logger,
     )
+    from runtime.compat.alias import tuning
+
+    pool.update(tuning.MODELS)
     for name in _CLIENT_MODELS.split():
         pool[name] = unavailable.unavailable_class(f"{SDK}.common.model", name)
     for name in _CLIENT_FUNCTIONS.split():
@@ -256,6 +263,9 @@ def _server_names() -> dict[str, Any]:
 
 def exports(module: str) -> dict[str, Any]:
     """The names of the SDK module ``module`` (its full dotted name) and their objects."""
+    if module in EXTRA_MODULES:
+        served = importlib.import_module(EXTRA_MODULES[module])
+        return {name: getattr(served, name) for name in served.__all__}
     pool = _pool()
     if module.endswith(".component.server.server"):
         pool = {**pool, **_server_names()}
