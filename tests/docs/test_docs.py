@@ -3,7 +3,7 @@ block is run or checked, and a block of a kind no check knows fails.
 
 - Python blocks: no undefined names or unused imports (ruff's F821, F401), and each runs as
   a script from a copy of ``sample_functions/`` (so a processor block is imported, its
-  decorators applied).
+  decorators applied); one importing ``dashscope`` runs under ``python -m runtime.compat``.
 - Bash blocks: every command is one a check knows (an unknown one fails, naming it). Every
   ``python -m runtime`` (or ``agentic-rl-runtime``) subcommand and flag exists in its
   ``--help``; files named by ``--input``, ``-c``, ``-d @file``, ``-r`` exist in the working
@@ -173,8 +173,10 @@ def test_python_block_runs_as_written(block: Block, workspace: Path, tmp_path: P
         assert lint.returncode == 0, f"{block.where}:\n{lint.stdout}"
     script = tmp_path / "doc_block.py"
     script.write_text(source)
+    # a block written for the DashScope SDK runs as its page says: under runtime.compat
+    runner = ["-m", "runtime.compat"] if re.search(r"^from dashscope\b", source, re.M) else []
     done = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, *runner, str(script)],
         cwd=workspace,
         env={**os.environ, "PYTHONPATH": f"{workspace}{os.pathsep}{ROOT}"},
         capture_output=True,

@@ -170,13 +170,13 @@ def growth(unit: str, lead: str = "") -> float:
 
 @pytest.mark.parametrize("unit, lead", SHAPES.values(), ids=SHAPES.keys())
 def test_a_megabyte_of_any_shape_is_scrubbed_in_linear_time(unit, lead, deadline):
-    deadline(10)
+    deadline(60)  # a quadratic regression takes minutes; a busy machine, seconds
     assert growth(unit, lead) < 100
 
 
 @pytest.mark.parametrize("unit", CREDENTIALS.values(), ids=CREDENTIALS.keys())
 def test_a_megabyte_of_credentials_is_scrubbed_in_linear_time(unit, deadline):
-    deadline(10)
+    deadline(60)  # a quadratic regression takes minutes; a busy machine, seconds
     assert "*" in redact(run(unit), (KEY,))
     assert growth(unit) < 100
 
@@ -253,7 +253,7 @@ def test_a_short_text_is_scrubbed_whole_and_cut_after():
 
 
 def test_a_captured_string_cut_at_the_limit_keeps_no_part_of_a_password(deadline):
-    deadline(10)
+    deadline(60)  # a quadratic regression takes minutes; a busy machine, seconds
     note = "." * 180 + "postgres://alice:hunter2hunter2@db.internal/rl" + "." * MB
     for limit in range(180, 240):  # the cut before, in and after the URL
         text = capture({"note": note}, limit)
@@ -262,7 +262,7 @@ def test_a_captured_string_cut_at_the_limit_keeps_no_part_of_a_password(deadline
 
 
 def test_a_failed_outputs_huge_error_is_cut_before_it_is_scrubbed(deadline):
-    deadline(10)
+    deadline(60)  # a quadratic regression takes minutes; a busy machine, seconds
     span = TracerProvider().get_tracer("test").start_span("process")
     error = "could not score: token=abc; Bearer tok0123456789abcdefghij " + "A" * MB
     record_output(span, {"status": "failed", "error": error})
@@ -436,7 +436,7 @@ def test_a_request_id_cut_to_its_limit_keeps_no_part_of_a_secret(offset):
 
 def test_a_megabyte_key_is_blanked_as_written_without_deriving_its_forms(deadline):
     # a hostile client's 1 MB api_key: deriving its encoded forms cost 2 s of the event loop
-    deadline(10)
+    deadline(60)  # a quadratic regression takes minutes; a busy machine, seconds
     huge = "k" * 1_000_000
     assert redact(f"key={huge}; done", (huge,)) == "key=***; done"
     assert secret_forms((huge,)) == (huge,)  # no encoded forms derived from it
