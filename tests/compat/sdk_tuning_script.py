@@ -9,19 +9,22 @@ import os
 from dashscope.finetune.agentic_rl import (
     AgenticRL,
     AgenticRLFunctionComponent,
+    FunctionType,
+    RewardFunctionComponent,
+    TrainingDataset,
+    ValidationDataset,
+)
+from dashscope.finetune.reinforcement import (  # where SDK 2.0.2 has them
     DataSourceType,
     FunctionComponentModel,
     FunctionComponentRuntime,
-    FunctionType,
-    TrainingDataset,
-    ValidationDataset,
 )
 
 
 async def main() -> None:
     rl = AgenticRL(api_key=os.environ["TUNING_KEY"]).init("rl-job.yaml", job_name="custom_job")
 
-    reward = AgenticRLFunctionComponent(
+    reward = RewardFunctionComponent(  # AgenticRLFunctionComponent has no weight in the SDK
         type=FunctionType.REWARD,
         name="answer-match",
         weight=1.0,
@@ -44,7 +47,9 @@ async def main() -> None:
         import json
 
         sample = json.load(f)
-    output = await AgenticRL.test_functions(ids[4][0], type=FunctionType.REWARD, input_data=sample)
+    output = await AgenticRL.test_functions(
+        ids[4][0], functype=FunctionType.REWARD, input_data=sample
+    )
     print("tested", output.status, output.reward.reward_score)
 
     ids = await rl.register_functions(functions=[rollout, reward], lazy_load=True)
