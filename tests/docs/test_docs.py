@@ -161,9 +161,21 @@ def _imports_only(source: str) -> str:
     )
 
 
+# A block that talks to the platform (the Python API, an SDK Tuning script) runs against
+# the stand-in, its key and URL where the platform's would be (DASHSCOPE_*).
+_TALKS_TO_PLATFORM = re.compile(r"\b(?:Async)?PlatformClient\(|\bAgenticRL\(")
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
-def test_python_block_runs_as_written(block: Block, workspace: Path, tmp_path: Path) -> None:
+def test_python_block_runs_as_written(
+    block: Block, workspace: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     source = _imports_only(block.text) if block.skip else block.text
+    env = {**os.environ, "PYTHONPATH": f"{workspace}{os.pathsep}{ROOT}"}
+    env = {k: v for k, v in env.items() if not k.startswith(("DASHSCOPE_", "FC_"))}
+    if not block.skip and _TALKS_TO_PLATFORM.search(source):
+        platform = request.getfixturevalue("platform")
+        env.update(DASHSCOPE_API_KEY=platform.api_key, DASHSCOPE_HTTP_BASE_URL=platform.base_url)
     if not block.skip:
         lint = subprocess.run(
             [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F821,F401",
@@ -178,10 +190,10 @@ def test_python_block_runs_as_written(block: Block, workspace: Path, tmp_path: P
     done = subprocess.run(
         [sys.executable, *runner, str(script)],
         cwd=workspace,
-        env={**os.environ, "PYTHONPATH": f"{workspace}{os.pathsep}{ROOT}"},
+        env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, f"{block.where}:\n{done.stderr[-3000:]}"
 
