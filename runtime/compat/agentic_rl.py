@@ -4,8 +4,8 @@ installed (``python -m runtime.compat script.py``; docs/sdk-compatibility.md).
 
 ``AgenticRL`` has the SDK's methods, signatures and return shapes: six id lists from
 ``register_functions``, two from ``upload_datasets``, ``FineTune``-like objects (attribute
-and item access, ``status_code``, ``output.job_id``...) from the job calls, and an answer
-with ``status_code`` and ``message`` and no ``output`` when the platform refuses one.
+and item access, ``status_code``, ``output.job_id``...) from the job calls; one the
+platform refuses has its ``status_code``, ``code`` and ``message``, with ``output`` None.
 None of the SDK client's bugs (docs/platform-api.md §12) come along: the key given is the
 key sent on every call (B1); ``init(job_name=...)`` works (B3); each component's settings
 stay with it (B5); ``upload_datasets(validation_files=...)`` alone works, and a single path
@@ -14,12 +14,14 @@ list of one (B21); ``submit_job`` refuses unregistered functions rather than dro
 (B17).
 
 One piece of process-wide state, as in the SDK: the key given to ``AgenticRL(api_key=)``
-is the default of the class methods (``get``, ``list``...) called without ``api_key``.
-An instance's own calls always use its own key.
+is the default of the class methods (``AgenticRL.get``, ``AgenticRL.list``...) called
+without ``api_key``. An instance's own calls (``rl.get(...)`` too) use its own key.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +97,10 @@ class _Record:
         self.__dict__.update(fields)
 
     def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
+        try:
+            return self.__dict__[key]
+        except KeyError:
+            raise KeyError(key) from None
 
     def __setitem__(self, key: str, value: Any) -> None:
         setattr(self, key, value)
@@ -130,7 +135,7 @@ class FineTuneOutput(_Record):
 
 class FineTune(_Record):
     """``status_code``, ``request_id``, ``code``, ``message``, ``usage``, and ``output``
-    (a ``FineTuneOutput``) when the call succeeded."""
+    (a ``FineTuneOutput``; None when the platform refused the call)."""
 
 
 class FineTuneList(_Record):
@@ -150,12 +155,13 @@ def _ok(kind: type[_Record], output: _Record, usage: Any = None) -> Any:
 
 
 def _refused(kind: type[_Record], exc: PlatformError) -> Any:
-    """The SDK's answer to a refused job call: its status, code and message, no output."""
+    """The SDK's answer to a refused job call: its status, code and message; output None."""
     return kind(
         status_code=exc.status,
         request_id=exc.request_id or "",
         code=str(exc.code or ""),
         message=exc.message,
+        output=None,
         usage=None,
     )
 
@@ -197,6 +203,31 @@ def _listed(value: Any) -> list[Any]:
 # ---- AgenticRL -----------------------------------------------------------------------
 
 
+class _JobCall:
+    """A job call the SDK defines as a class method (``AgenticRL.get(job_id)``: the key
+    given, else the module-wide one); called through an instance (``rl.get(job_id)``),
+    that instance's key unless ``api_key`` is given, so that two instances never mix."""
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = method
+        self._signature = inspect.signature(method)
+        self.__doc__ = method.__doc__
+
+    def __get__(self, instance: AgenticRL | None, owner: type[AgenticRL]) -> Any:
+        method, signature = self._method, self._signature
+        if instance is None or instance._api_key is None:
+            return functools.wraps(method)(functools.partial(method, owner))
+
+        @functools.wraps(method)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            arguments = signature.bind(owner, *args, **kwargs)
+            if arguments.arguments.get("api_key") is None:
+                arguments.arguments["api_key"] = instance._api_key
+            return method(*arguments.args, **arguments.kwargs)
+
+        return bound
+
+
 class AgenticRL:
     """The SDK's Tuning workflow: ``init`` a job config (a YAML file, keyword overrides),
     ``register_functions``, ``upload_datasets``, ``submit_job`` (or ``run`` for the three),
@@ -207,6 +238,7 @@ class AgenticRL:
     def __init__(self, api_key: str | None = None) -> None:
         global _default_key
         self._client = _client(api_key)
+        self._api_key = api_key  # its job calls' key (see _JobCall)
         if api_key:
             _default_key = api_key
         self._job = JobFile(Path.cwd() / "(arguments)", JobConfig())
@@ -266,16 +298,18 @@ class AgenticRL:
         training_files: list[str] | str | None = None,
         validation_files: list[str] | str | None = None,
     ) -> tuple[list[str], list[str]]:
-        """Upload the config's datasets (or ``datasets``; or the files given, which then
-        replace them) that have a local file and no ``file_id``; their file ids, training
-        then validation. Every file is checked before any is uploaded."""
+        """Upload the config's datasets (or ``datasets``; or the files given, which replace
+        those of their kind: training files the training datasets, validation files the
+        validation ones) that have a local file and no ``file_id``; their file ids,
+        training then validation. Every file is checked before any is uploaded."""
         if datasets:
             self.tuning.datasets = _listed(datasets)
-        training, validation = _listed(training_files), _listed(validation_files)
-        if training or validation:
-            self.tuning.datasets = [
+        given = {"training": _listed(training_files), "validation": _listed(validation_files)}
+        replaced = {kind for kind, names in given.items() if names}
+        if replaced:
+            self.tuning.datasets = [d for d in self.tuning.datasets if d.type not in replaced] + [
                 tuning.Dataset.model_validate({"type": kind, "file_name": str(Path(f).resolve())})
-                for kind, names in (("training", training), ("validation", validation))
+                for kind, names in given.items()
                 for f in names
             ]
         try:
@@ -389,14 +423,14 @@ class AgenticRL:
 
     # ---- the job calls (class methods, as in the SDK) -------------------------------
 
-    @classmethod
+    @_JobCall
     def get(
         cls, job_id: str, api_key: str | None = None, workspace: str | None = None, **kwargs: Any
     ) -> FineTune:
         client = _client(api_key, workspace)
         return _answered(FineTune, lambda: _job_output(client.get(job_id)))
 
-    @classmethod
+    @_JobCall
     def list(
         cls,
         page_no: int = 1,
@@ -418,21 +452,21 @@ class AgenticRL:
 
         return _answered(FineTuneList, page)
 
-    @classmethod
+    @_JobCall
     def cancel(
         cls, job_id: str, api_key: str | None = None, workspace: str | None = None, **kwargs: Any
     ) -> FineTuneCancel:
         client = _client(api_key, workspace)
         return _answered(FineTuneCancel, lambda: _Record(status=client.cancel(job_id).status))
 
-    @classmethod
+    @_JobCall
     def delete(
         cls, job_id: str, api_key: str | None = None, workspace: str | None = None, **kwargs: Any
     ) -> FineTuneDelete:
         client = _client(api_key, workspace)
         return _answered(FineTuneDelete, lambda: _Record(status=client.delete(job_id).status))
 
-    @classmethod
+    @_JobCall
     def logs(
         cls,
         job_id: str,
@@ -445,7 +479,7 @@ class AgenticRL:
         client = _client(api_key, workspace)
         return _answered(FineTune, lambda: _Record(logs=client.logs_page(job_id, offset, lines)))
 
-    @classmethod
+    @_JobCall
     async def test_functions(
         cls,
         instance_id: str,

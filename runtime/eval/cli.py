@@ -191,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
             if sys.version_info >= (3, 11):
                 raise
             raise KeyboardInterrupt from None
+        except BaseException as exc:
+            # a signal that landed in a task of a task group comes out in a group
+            found = _interruption(exc)
+            if found is None or found is exc:
+                raise
+            raise found from None
     except KeyboardInterrupt as exc:
         # a second signal while stopping must not cut the cleanup short
         for sig in _STOPPING:
@@ -200,6 +206,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP as ``_Signalled``) in ``exc``, an
+    exception group's members included; None if there is none."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    for member in getattr(exc, "exceptions", ()):  # BaseExceptionGroup (or its backport)
+        if (found := _interruption(member)) is not None:
+            return found
+    return None
 
 
 _scrub: Any = str  # the run's Scrubber.text once the plan is made

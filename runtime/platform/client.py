@@ -24,6 +24,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,6 +57,7 @@ from runtime.platform.functions import (
 )
 from runtime.platform.http import (
     DEFAULT_BASE_URL,
+    FileStamp,
     Platform,
     PlatformError,
     RequestNotSent,
@@ -181,6 +183,18 @@ class _Notes(Reporter):
             self._notify(text)
 
 
+def _at_least_one(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+
+
+def _follow_settings(interval: float, timeout: float | None) -> None:
+    if not isinstance(interval, (int, float)) or not interval > 0:
+        raise ValueError(f"interval must be a number of seconds above 0, not {interval!r}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds above 0 or None, not {timeout!r}")
+
+
 def _attach(exc: BaseException, partial: BaseModel) -> None:
     """What was created before ``exc``, on it (``exc.partial``)."""
     with contextlib.suppress(AttributeError):  # an exception type with __slots__
@@ -295,10 +309,18 @@ class PlatformClient:
             workspace=self.workspace,
         )
 
+    def _scrub(self, text: str) -> str:
+        """``text`` with this client's key blanked (the platform may echo it anywhere)."""
+        return redact(text, (self._key,))
+
     def _scrubbed(self, exc: PlatformError) -> PlatformError:
-        """``exc`` with this client's key blanked from its text (the platform may echo it)."""
-        exc.message = redact(exc.message, (self._key,))
-        exc.what = redact(exc.what, (self._key,))
+        """``exc`` with this client's key blanked from every field the platform filled."""
+        exc.message = self._scrub(exc.message)
+        exc.what = self._scrub(exc.what)
+        if isinstance(exc.code, str):
+            exc.code = self._scrub(exc.code)
+        if exc.request_id is not None:
+            exc.request_id = self._scrub(str(exc.request_id))
         exc.args = (exc.message,)
         return exc
 
@@ -319,22 +341,22 @@ class PlatformClient:
         self,
         workspace: str | Path = ".",
         *,
-        rollout: Sequence[str] = (),
-        reward: Sequence[str] = (),
-        group_reward: Sequence[str] = (),
+        rollout: str | Sequence[str] = (),
+        reward: str | Sequence[str] = (),
+        group_reward: str | Sequence[str] = (),
         lazy: bool = True,
         server: str = "runtime",
         poll_interval: float = 5.0,
         timeout: float = 900.0,
     ) -> RegisteredFunctions:
         """Check, package, upload and register the classes (``pkg.mod:Cls``, ``pkg.mod.Cls``
-        or ``path/file.py:Cls``) of ``workspace``; unless ``lazy``, start an instance of
-        each and wait (up to ``timeout`` s) until it is active."""
+        or ``path/file.py:Cls``; one, or a list) of ``workspace``; unless ``lazy``, start an
+        instance of each and wait (up to ``timeout`` s) until it is active."""
         root = Path(workspace)
         components = [
             resolve(kind, classpath, root)
             for kind, given in zip(KINDS, (rollout, reward, group_reward), strict=True)
-            for classpath in given
+            for classpath in ([given] if isinstance(given, str) else given)  # not its letters
         ]
         if not components:
             raise ComponentError("nothing to register: give a rollout, reward or group_reward")
@@ -453,17 +475,16 @@ class PlatformClient:
                 if any(k == kind and p.samefile(path) for k, p in files):
                     continue
                 files.append((kind, path))
-        for _, path in files:
-            check_jsonl(path)
+        checked = [check_jsonl(path) for _, path in files]  # each sent exactly as checked
         result = UploadedFiles()
         reporter = self._reporter()
 
         def send(platform: Platform) -> None:
-            for kind, path in files:
-                size = path.stat().st_size
+            for (kind, path), stamp in zip(files, checked, strict=True):
+                size = stamp[0]
                 with reporter.transfer(f"uploading {path} ({size_text(size)})", size) as sent:
                     ids = getattr(result, f"{kind}_file_ids")
-                    ids.append(upload(platform, path, progress=sent))
+                    ids.append(upload(platform, path, progress=sent, checked=stamp))
 
         try:
             self._call(send)
@@ -523,6 +544,7 @@ class PlatformClient:
             raise ConfigError(f"the job name must be 1 to 256 characters, not {len(job_name)}")
         reporter = self._reporter()
         datasets: dict[int, Path] = {}
+        stamps: dict[int, FileStamp] = {}  # each file as checked: sent exactly so
         for index, dataset in enumerate(found.config.datasets):
             if dataset.needs_upload and dataset.type == "testing":
                 reporter.note(
@@ -536,7 +558,7 @@ class PlatformClient:
                     where = found.where("datasets", index, "file_name")
                     raise JobFileError(f"{where}: {path}: no such file (nothing was sent)")
                 try:
-                    check_jsonl(path)
+                    stamps[index] = check_jsonl(path)
                 except Exception as exc:
                     raise found.error(str(exc), "datasets", index, "file_name") from None
                 datasets[index] = path
@@ -554,9 +576,9 @@ class PlatformClient:
         def steps(platform: Platform) -> dict[str, Any]:
             register(platform, components, reporter, lazy=True, server=server)
             for index, path in datasets.items():
-                size = path.stat().st_size
+                size = stamps[index][0]
                 with reporter.transfer(f"uploading {path.name} ({size_text(size)})", size) as sent:
-                    file_ids[index] = upload(platform, path, progress=sent)
+                    file_ids[index] = upload(platform, path, progress=sent, checked=stamps[index])
             body = _jobs.submit_body(found, components, file_ids, job_name=job_name)
             submitted = _jobs.submit(platform, body)
             submitted.setdefault("job_name", body["job_name"])
@@ -590,15 +612,18 @@ class PlatformClient:
 
     def list_jobs(self, *, page_size: int = 50) -> Iterator[Job]:
         """Every job, page after page (a page is asked for when the previous one is used
-        up; the iteration ends at a short or empty page, or at the total)."""
-        page, seen = 1, 0
+        up; the iteration ends at a short or empty page: a total is not always sent)."""
+        _at_least_one("page_size", page_size)
+        page, previous = 1, None
         while True:
             answer = self.list_page(page, page_size)
-            yield from answer.jobs
-            seen += len(answer.jobs)
-            if len(answer.jobs) < page_size or seen >= answer.total:
+            ids = [job.job_id for job in answer.jobs]
+            if ids == previous:  # the platform ignored page_no: no page but the first
                 return
-            page += 1
+            yield from answer.jobs
+            if len(answer.jobs) < min(page_size, answer.page_size or page_size):
+                return  # (a platform may serve fewer a page than asked, and say so)
+            page, previous = page + 1, ids
 
     def cancel(self, job_id: str) -> JobAction:
         return JobAction.model_validate(self._call(lambda platform: _jobs.cancel(platform, job_id)))
@@ -612,6 +637,7 @@ class PlatformClient:
 
     def logs(self, job_id: str, *, offset: int = 1, page_size: int = 1000) -> Iterator[str]:
         """Every log line of a job from ``offset``, page after page, as far as there are."""
+        _at_least_one("page_size", page_size)
         while True:
             lines = self.logs_page(job_id, offset, page_size)
             yield from lines
@@ -632,14 +658,32 @@ class PlatformClient:
         line, with ``logs``, from line ``offset``; and per retried query). Ends after the
         final status; ``WaitTimeout`` when ``timeout`` s pass first; ``FollowError`` when
         the job cannot be asked about (after retries)."""
+        _follow_settings(interval, timeout)
+        return self._watch(job_id, interval, timeout, logs, offset, None)
+
+    def _watch(
+        self,
+        job_id: str,
+        interval: float,
+        timeout: float | None,
+        logs: bool,
+        offset: int,
+        stop: threading.Event | None,
+    ) -> Iterator[JobEvent]:
         with _runner() as run:
             platform: Platform = run(self._session)
             stream = _jobs.events(
-                platform, job_id, interval=interval, timeout=timeout, offset=offset, logs=logs
+                platform,
+                job_id,
+                interval=interval,
+                timeout=timeout,
+                offset=offset,
+                logs=logs,
+                stop=stop,
             )
             try:
                 while (step := run(lambda: next(stream, None))) is not None:
-                    yield JobEvent(kind=step[0], text=step[1])
+                    yield JobEvent(kind=step[0], text=self._scrub(step[1]))
             except PlatformError as exc:
                 raise self._scrubbed(exc) from None
             finally:
@@ -660,9 +704,12 @@ class PlatformClient:
         """Follow a job to a final state, calling ``on_status`` on each change, ``on_line``
         for each new log line (the logs are read only when it is given) and ``on_retry``
         before a failed query is asked again; the job as last seen."""
+        _follow_settings(interval, timeout)
         with _runner() as run:
             job: Job = run(
-                lambda: self._wait(job_id, on_status, on_line, on_retry, interval, timeout, offset)
+                lambda: self._wait(
+                    job_id, on_status, on_line, on_retry, interval, timeout, offset, None
+                )
             )
         return job
 
@@ -675,6 +722,7 @@ class PlatformClient:
         interval: float,
         timeout: float | None,
         offset: int,
+        stop: threading.Event | None,
     ) -> Job:
         with self._session() as platform:
             stream = _jobs.events(
@@ -684,6 +732,7 @@ class PlatformClient:
                 timeout=timeout,
                 offset=offset,
                 logs=on_line is not None,
+                stop=stop,
             )
             try:
                 while True:
@@ -693,7 +742,7 @@ class PlatformClient:
                         return Job.model_validate(done.value)
                     callback = {"status": on_status, "line": on_line, "retry": on_retry}[kind]
                     if callback is not None:
-                        callback(text)
+                        callback(self._scrub(text))
             except PlatformError as exc:
                 raise self._scrubbed(exc) from None
 
@@ -790,7 +839,28 @@ class AsyncPlatformClient:
     cancel = _twin(PlatformClient.cancel)
     delete = _twin(PlatformClient.delete)
     logs_page = _twin(PlatformClient.logs_page)
-    wait = _twin(PlatformClient.wait)
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        on_status: Callable[[str], None] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        on_retry: Callable[[str], None] | None = None,
+        interval: float = 10.0,
+        timeout: float | None = None,
+        offset: int = 1,
+    ) -> Job:
+        """``PlatformClient.wait``; cancelled, it stops polling (at its next pause)."""
+        _follow_settings(interval, timeout)
+        stop = threading.Event()
+        follow = functools.partial(
+            self.sync._wait, job_id, on_status, on_line, on_retry, interval, timeout, offset, stop
+        )
+        try:
+            return await anyio.to_thread.run_sync(follow)
+        finally:
+            stop.set()
 
     async def list_jobs(self, *, page_size: int = 50) -> AsyncIterator[Job]:
         async for job in _iterate(self.sync.list_jobs(page_size=page_size)):
@@ -811,25 +881,33 @@ class AsyncPlatformClient:
         logs: bool = False,
         offset: int = 1,
     ) -> AsyncIterator[JobEvent]:
-        events = self.sync.watch(
-            job_id, interval=interval, timeout=timeout, logs=logs, offset=offset
-        )
-        async for event in _iterate(events):
+        _follow_settings(interval, timeout)
+        stop = threading.Event()
+        events = self.sync._watch(job_id, interval, timeout, logs, offset, stop)
+        async for event in _iterate(events, stop):
             yield event
 
 
 _DONE = object()
 
 
-async def _iterate(items: Iterator[R]) -> AsyncIterator[R]:
-    """A blocking iterator's items, each fetched in a worker thread."""
+async def _iterate(items: Iterator[R], stop: threading.Event | None = None) -> AsyncIterator[R]:
+    """A blocking iterator's items, each fetched in the one worker thread of this iteration.
+    Ended early (a break, a cancellation that may leave a fetch running), ``stop`` is set
+    and the iterator is closed on that thread once the fetch is over (a generator cannot be
+    closed while it runs); nothing waits for it here."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="platform-client")
     try:
         while True:
-            item = await anyio.to_thread.run_sync(next, items, _DONE)
+            fetched = pool.submit(next, items, _DONE)
+            item = await anyio.to_thread.run_sync(fetched.result)  # any event loop
             if item is _DONE:
                 return
             yield item  # type: ignore[misc]
     finally:
+        if stop is not None:
+            stop.set()
         close = getattr(items, "close", None)
         if close is not None:
-            await anyio.to_thread.run_sync(close)
+            pool.submit(close)
+        pool.shutdown(wait=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 
 from runtime.platform import answers
-from runtime.platform.http import FileBody, Platform, PlatformError
+from runtime.platform.http import FileBody, FileStamp, Platform, PlatformError, stamp
 
 __all__ = ["DatasetError", "check_jsonl", "upload"]
 
@@ -47,9 +47,10 @@ class _Bad:
         self.count += max(0, last - first + 1 - _SHOWN)
 
 
-def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> None:
+def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> FileStamp:
     """Every line a JSON object with a ``messages`` list; the bad lines' numbers if not.
-    ``progress``: told the bytes checked so far, every few MiB."""
+    ``progress``: told the bytes checked so far, every few MiB. The file as checked (its
+    stamp), for ``upload`` to send exactly that."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
     limit = int(os.environ.get("DATASETS_FILE_SIZE_WARNING", _SIZE_LIMIT))
@@ -63,6 +64,7 @@ def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> No
     records = done = reported = 0
     number = 0
     with path.open("rb") as lines:
+        before = stamp(os.fstat(lines.fileno()))
         while line := lines.readline(_LINE_LIMIT + 1):
             number += 1
             done += len(line)
@@ -92,6 +94,8 @@ def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> No
                 bad.add(f"line {number}: no 'messages' list")
             elif not all(isinstance(m, dict) for m in record["messages"]):
                 bad.add(f"line {number}: 'messages' must be a list of objects")
+        if stamp(os.fstat(lines.fileno())) != before:
+            raise DatasetError(f"{path}: changed while it was checked; check it once written")
     if progress is not None:
         progress(done)
     if not records:
@@ -99,13 +103,21 @@ def check_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> No
     if bad.count:
         more = f" (and {bad.count - _SHOWN} more)" if bad.count > _SHOWN else ""
         raise DatasetError(f"{path}: {bad.count} bad line(s): " + "; ".join(bad.named) + more)
+    return before
 
 
-def upload(platform: Platform, path: Path, *, progress: Callable[[int], None] | None = None) -> str:
+def upload(
+    platform: Platform,
+    path: Path,
+    *,
+    progress: Callable[[int], None] | None = None,
+    checked: FileStamp | None = None,
+) -> str:
     """Upload one checked file, streamed from disk; its file id. ``progress``: told the
-    bytes sent so far (0 again when a retry starts the file over)."""
+    bytes sent so far (0 again when a retry starts the file over); ``checked``: the file
+    as ``check_jsonl`` read it (a file changed since is refused, not sent)."""
     what = f"uploading {path.name}"
-    body = FileBody(path, progress)
+    body = FileBody(path, progress, checked)
     try:
         out = platform.call(
             what,

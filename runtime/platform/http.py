@@ -147,6 +147,14 @@ _renew: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextV
 )
 
 
+FileStamp = tuple[int, int, int]  # size, modification time (ns), inode
+
+
+def stamp(status: os.stat_result) -> FileStamp:
+    """What tells a file's content changed (short of reading it again)."""
+    return status.st_size, status.st_mtime_ns, status.st_ino
+
+
 class FileBody:
     """A local file as a request body: a PUT's ``content`` (with its Content-Length), or the
     file of a multipart form (``files``), which httpx reads through ``seek``, ``tell`` and
@@ -158,9 +166,17 @@ class FileBody:
 
     CHUNK = 1024 * 1024
 
-    def __init__(self, path: Path, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        progress: Callable[[int], None] | None = None,
+        checked: FileStamp | None = None,
+    ) -> None:
         self.path = path
-        self.size = path.stat().st_size
+        # the file as it was checked (``stamp``), else as it is now: an in-place change of
+        # the same size, or a file put in its place, is a change too
+        self._stamp = checked or stamp(path.stat())
+        self.size = self._stamp[0]
         self._progress = progress or (lambda sent: None)
         self._file: BinaryIO | None = None
         self._position = 0
@@ -194,13 +210,15 @@ class FileBody:
                 self._file = self.path.open("rb")
                 self._file.seek(self._position)
             chunk = self._file.read(wanted)
-            now = os.fstat(self._file.fileno()).st_size
+            now = stamp(os.fstat(self._file.fileno()))
         except OSError as exc:
             raise FileChanged(f"{self.path}: cannot read it: {exc.strerror}") from None
-        if len(chunk) < wanted or (self._position + len(chunk) == self.size and now != self.size):
+        ends = self._position + len(chunk) == self.size
+        if len(chunk) < wanted or now[0] != self.size or (ends and now != self._stamp):
             raise FileChanged(
-                f"{self.path} changed while it was being sent ({self.size} bytes when it "
-                f"started, {now} now): nothing was sent cut; send it again once it is written"
+                f"{self.path} changed while it was being sent, or since it was checked "
+                f"({self.size} bytes then, {now[0]} now, or written over in place): nothing "
+                "was sent cut; send it again once it is written"
             )
         self._position += len(chunk)
         self._sent = max(self._sent, self._position)

@@ -9,6 +9,7 @@ platform can tell them from rewards.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Generator
@@ -257,16 +258,20 @@ def events(
     offset: int = 1,
     page: int = 1000,
     logs: bool = True,
+    stop: threading.Event | None = None,
 ) -> Generator[tuple[str, str], None, dict[str, Any]]:
     """Poll a job to a final state, yielding ``("status", STATUS)`` on each change, ``("line",
     LINE)`` for each new log line (unless not ``logs``) and ``("retry", WHY)`` before a
     failed query is asked again; returns the job as last seen. The queries are GETs, safe
     to repeat: a transient failure is retried until the deadline, or for 600 s in a row
     without one. ``timeout`` is a total deadline: the requests in flight and their retries
-    end with it."""
+    end with it. ``stop``, once set, ends the polling at its next pause (returning the job
+    as last seen): a caller that gave up (a cancelled coroutine) leaves nothing polling."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    job: dict[str, Any] = {}
     last = None
     failing_since: float | None = None
+    failed: PlatformError | None = None  # the failure of the poll before, while failing
     with platform.time_limit(timeout):
         while True:
             try:
@@ -286,11 +291,15 @@ def events(
                 ):
                     # the deadline cut a poll short: the job was last seen running, not lost
                     raise WaitTimeout(f"job {job_id} is still {last} after {timeout:g} s") from None
-                failing_since = failing_since or now
+                if failing_since is not None and _out_of_time(now, deadline) and failed:
+                    exc = failed  # the deadline cut this poll short: the last answer tells more
+                failing_since, failed = failing_since or now, exc
                 limit = deadline if deadline is not None else failing_since + _GIVE_UP
                 if _transient(exc) and now + interval <= limit:
                     yield "retry", f"{exc}; retrying in {interval:g} s"
-                    if _pause(interval, limit):
+                    if _pause(interval, limit, stop):
+                        if stop is not None and stop.is_set():
+                            return job
                         continue
                 raise FollowError(
                     exc.what,
@@ -299,7 +308,7 @@ def events(
                     code=exc.code,
                     request_id=exc.request_id,
                 ) from None
-            failing_since = None
+            failing_since, failed = None, None
             while lines:  # every new log line, page after page
                 for line in lines:
                     yield "line", line
@@ -309,18 +318,23 @@ def events(
                 lines = job_logs(platform, job_id, offset, page)
             if status in TERMINAL:
                 return job
-            if not _pause(interval, deadline):
+            if not _pause(interval, deadline, stop):
                 raise WaitTimeout(f"job {job_id} is still {status} after {timeout:g} s")
+            if stop is not None and stop.is_set():
+                return job
 
 
 def _out_of_time(now: float, deadline: float | None) -> bool:
     return deadline is not None and now >= deadline - 0.001
 
 
-def _pause(interval: float, limit: float | None) -> bool:
-    """Sleep ``interval`` unless that ends past ``limit``; whether time is left after it
-    (a loaded machine may sleep longer than asked)."""
+def _pause(interval: float, limit: float | None, stop: threading.Event | None = None) -> bool:
+    """Sleep ``interval`` (less once ``stop`` is set) unless that ends past ``limit``;
+    whether time is left after it (a loaded machine may sleep longer than asked)."""
     if limit is not None and time.monotonic() + interval > limit:
         return False
-    time.sleep(interval)
+    if stop is None:
+        time.sleep(interval)
+    else:
+        stop.wait(interval)
     return limit is None or time.monotonic() < limit

@@ -71,7 +71,7 @@ async def main() -> None:
     print("cancel", AgenticRL.cancel(job_id).output.status)
     print("delete", AgenticRL.delete(job_id).output.status)
     missing = AgenticRL.get(job_id)
-    print("missing", missing.status_code, missing.code, "output" in missing)
+    print("missing", missing.status_code, missing.code, missing["output"])
 
     # run(): register (the components keep their ids), upload, submit in one call
     second = (

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import FT
 
 SCRIPT = Path(__file__).with_name("sdk_tuning_script.py")
@@ -40,7 +41,7 @@ def test_an_sdk_tuning_script_registers_uploads_and_submits_through_our_client(p
         "logs ['job started']",
         "cancel success",
         "delete success",
-        "missing 404 NotFound False",
+        "missing 404 NotFound None",  # as the SDK: output None
         "run 200 PENDING in-one-go",
     ]
     # the key given is the key sent, on every call (the SDK's B1 sent none on most)
@@ -66,3 +67,29 @@ def test_an_sdk_tuning_script_registers_uploads_and_submits_through_our_client(p
     ]
     assert [d["file_id"] in platform.files for d in second["training_datasets"]] == [True]
     assert second["job_name"].startswith("in-one-go-")
+
+
+def test_two_instances_keep_their_keys_and_an_upload_replaces_only_its_kind(
+    platform, workspace, monkeypatch
+):
+    import anyio
+
+    from runtime.compat import agentic_rl
+
+    monkeypatch.setattr(agentic_rl, "_default_key", None)  # the module-wide key, restored
+    monkeypatch.setenv("DASHSCOPE_HTTP_BASE_URL", platform.base_url)
+    monkeypatch.chdir(workspace)
+    ours = agentic_rl.AgenticRL(api_key=platform.api_key)
+    other = agentic_rl.AgenticRL(api_key="sk-other-0123456789abcdef")  # made last
+    assert ours.list().status_code == 200  # its own key, not the last instance's
+    refused = other.list()  # the stand-in knows only its own key
+    assert refused.status_code == 401 and refused.output is None  # as the SDK answers
+    assert refused["output"] is None and "output" in refused
+    with pytest.raises(KeyError):
+        refused["no such field"]
+
+    rl = ours.init("rl-job.yaml")
+    anyio.run(lambda: rl.upload_datasets(training_files=["data/calc_train.jsonl"]))
+    anyio.run(lambda: rl.upload_datasets(validation_files=["data/calc_validation.jsonl"]))
+    kinds = sorted((d.type, d.file_id in platform.files) for d in rl.tuning.datasets)
+    assert kinds == [("training", True), ("validation", True)]  # the training set kept

@@ -775,7 +775,7 @@ def test_sigterm_and_sighup_stop_every_server(tmp_path: Path, sig: int, code: in
     with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
         process, _ = _start_slow_eval(tmp_path, llm, err)
         process.send_signal(sig)
-        assert process.wait(60) == code
+        assert process.wait(60) == code, (tmp_path / "err").read_text()
     assert "interrupted" in (tmp_path / "err").read_text()
     # the autouse fixture: no server left running, no temporary directory left behind
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from typing import Any
 
 import pytest
+from helpers import RawServer, http, send, wait_for
 
 from runtime.platform.client import (
     AsyncPlatformClient,
@@ -175,3 +178,113 @@ def test_async_twins_and_a_started_instance(platform, workspace):
     with pytest.raises(ValueError, match="func_type is 'rollout' but the type is 'reward'"):
         asyncio.run(client.test_function("rw-ins-1", "reward", {"func_type": "rollout"}))
     assert not any(r["path"].startswith("/fc/") and r.get("json") == {} for r in platform.requests)
+
+
+# ---- what an outside review found ------------------------------------------------------
+
+KEY = "sk-review0123456789abcdef"
+
+
+def _echoing(statuses: list[int]) -> Any:
+    """A platform that puts the bearer's key in an error's code and request id (and its
+    message): ``statuses`` in turn (an error each), then the job SUCCEEDED."""
+
+    async def handle(method: str, target: str, writer: asyncio.StreamWriter) -> None:
+        status = statuses.pop(0) if statuses else 200
+        if status == 200:
+            body = {"request_id": "r", "output": {"job_id": "ft-1", "status": "SUCCEEDED"}}
+        else:
+            body = {"request_id": f"rid-{KEY}", "code": f"Bad{KEY}", "message": f"no {KEY}"}
+        await send(writer, http(status, json.dumps(body).encode()))
+
+    return handle
+
+
+def test_no_field_of_an_error_nor_a_retry_line_holds_the_key():
+    with RawServer(_echoing([400])) as server:
+        client = PlatformClient(KEY, base_url=server.base_url)
+        with pytest.raises(PlatformError) as caught:
+            client.get("ft-1")
+        error = caught.value
+        for text in (str(error), repr(error), error.code, error.request_id, error.message):
+            assert KEY not in str(text)
+        assert error.status == 400 and "***" in error.code  # the code, its key blanked
+
+        server.handle = _echoing([500, 500])
+        retries: list[str] = []
+        final = client.wait("ft-1", on_retry=retries.append, interval=0.1, timeout=60)
+        events = list(client.watch("ft-1", interval=0.1, timeout=60))
+    assert final.status == "SUCCEEDED" and len(retries) == 2
+    assert all(KEY not in line and "***" in line for line in retries)
+    assert [e.kind for e in events] == ["status"]  # the echoing errors were used up above
+    assert not any(KEY in e.text for e in events)
+
+
+def test_a_cancelled_wait_or_watch_stops_polling():
+    asked: list[str] = []
+
+    async def running(method: str, target: str, writer: asyncio.StreamWriter) -> None:
+        asked.append(target)
+        body = {"request_id": "r", "output": {"job_id": "ft-1", "status": "RUNNING"}}
+        await send(writer, http(200, json.dumps(body).encode()))
+
+    from runtime.platform import jobs
+    from runtime.platform.http import Platform
+
+    with RawServer(running) as server:
+        # the mechanism: once stop is set, the polling ends at its next pause, unasked
+        stop = threading.Event()
+        with Platform(server.base_url, KEY) as session:
+            stream = jobs.events(session, "ft-1", interval=60, timeout=None, logs=False, stop=stop)
+            assert next(stream) == ("status", "RUNNING")
+            stop.set()
+            with pytest.raises(StopIteration):
+                next(stream)
+        assert len(asked) == 1
+
+        client = AsyncPlatformClient(KEY, base_url=server.base_url)
+
+        async def follow() -> None:
+            async for _ in client.watch("ft-1", interval=60):
+                pass
+
+        for gives_up in (client.wait("ft-1", interval=60), follow()):
+            with pytest.raises(asyncio.TimeoutError):  # not "generator already executing"
+                asyncio.run(asyncio.wait_for(gives_up, 1.0))
+        # the threads that polled end (each stopped at its pause, 60 s long): nothing left
+        wait_for(
+            lambda: not [t for t in threading.enumerate() if t.name.startswith("platform-client")],
+            "the watch's thread to end",
+        )
+
+
+def test_pages_without_a_total_or_smaller_than_asked_are_all_read():
+    jobs_ = [{"job_id": f"ft-{n}", "status": "SUCCEEDED"} for n in range(45)]
+    asked: list[str] = []
+
+    async def capped(method: str, target: str, writer: asyncio.StreamWriter) -> None:
+        asked.append(target)
+        query = dict(p.split("=") for p in target.partition("?")[2].split("&"))
+        page, size = int(query["page_no"]), min(int(query["page_size"]), 20)  # at most 20
+        found = jobs_[(page - 1) * size : page * size]
+        body = {"output": {"jobs": found, "page_no": page, "page_size": size}}  # no total
+        await send(writer, http(200, json.dumps(body).encode()))
+
+    with RawServer(capped) as server:
+        client = PlatformClient(KEY, base_url=server.base_url)
+        assert [j.job_id for j in client.list_jobs(page_size=50)] == [j["job_id"] for j in jobs_]
+        assert len(asked) == 3
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match="page_size must be a whole number"):
+                next(iter(client.list_jobs(page_size=bad)))
+            with pytest.raises(ValueError, match="page_size must be a whole number"):
+                next(iter(client.logs("ft-1", page_size=bad)))
+        with pytest.raises(ValueError, match="interval must be a number of seconds above 0"):
+            client.wait("ft-1", interval=-1)
+    assert len(asked) == 3  # a bad setting sends nothing
+
+
+def test_one_class_path_as_a_string_is_one_class(platform, workspace):
+    one = "functions.reward.reward:DemoRewardProcessor"
+    ids = _client(platform).register(workspace, reward=one)
+    assert len(ids.reward_entity_ids) == 1  # not one per letter

@@ -24,7 +24,7 @@ from conftest import free_port
 from helpers import FT, wait_for
 
 from runtime.platform import datasets, functions, packaging
-from runtime.platform.http import Platform, PlatformError
+from runtime.platform.http import FileBody, FileChanged, Platform, PlatformError
 from runtime.platform.progress import Reporter
 
 LINE = b'{"messages": [{"role": "user", "content": "' + b"x" * 1000 + b'"}]}\n'
@@ -238,3 +238,17 @@ def test_ctrl_c_says_what_may_have_been_created_and_leaves_no_zip(platform, work
     ) in err
     assert err.rstrip().endswith("interrupted")
     assert not list(own.iterdir())
+
+
+def test_a_file_written_over_in_place_since_its_check_is_not_sent(tmp_path):
+    path = _dataset(tmp_path)
+    checked = datasets.check_jsonl(path)
+    data = bytearray(path.read_bytes())
+    data[-3:-1] = b"{{"  # the same size, a line no longer JSON
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(checked[1] + 10**9, checked[1] + 10**9))  # however coarse the clock
+    body = FileBody(path, checked=checked)
+    with pytest.raises(FileChanged, match="written over in place"):
+        while body.read(FileBody.CHUNK):
+            pass
+    body.close()
