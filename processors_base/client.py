@@ -7,8 +7,11 @@ free slot, all tries and the call. A circuit breaker stops the retries of a serv
 down: after ``failure_threshold`` connection failures in a row every call fails at once
 for ``cool_down`` seconds, then one call probes, and an answer closes the circuit. It never
 raises for a failed call: the result is reward 0.0 with ``failed`` set and the reason, so
-one bad call cannot stop a training run. Bodies are encoded with orjson: NaN and Infinity
-in dataset fields become null, numpy values plain numbers, anything else its text.
+one bad call cannot stop a training run. Every result carries every metric name the
+function declares (learnt from its ``/health`` once, when the server first answers) and
+every one seen so far, 0.0 where it has none, for trainers that stack metrics by key
+(verl). Bodies are encoded with orjson: NaN and Infinity in dataset fields become null,
+numpy values plain numbers, anything else its text.
 
 Trainers call reward hooks from threads, from their own event loops, or from pools of
 processes; ``shared_client(url)`` gives one client per URL and process, living on a
@@ -84,9 +87,14 @@ class RewardClient:
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             transport=transport,
         )
-        # Metric names seen so far: every result carries them all (0.0 where it has none),
-        # so that a trainer stacking per-sample metrics (verl) gets the same keys.
+        # Metric names: every result carries them all (0.0 where it has none), so that a
+        # trainer stacking per-sample metrics (verl) gets the same keys: those the function
+        # declares, learnt from /health once the server first answers, and those seen.
         self._metric_names: dict[str, None] = {}
+        self._health_url = _health_url(self.url)
+        self._learnt = False
+        self._learn_tries = 0  # GETs of /health that got no answer: given up after 3
+        self._learning: asyncio.Task[None] | None = None  # the one GET /health under way
         self._circuit = _Circuit(_loggable(self.url), max(1, failure_threshold), cool_down)
 
     @property
@@ -101,6 +109,10 @@ class RewardClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._learning is not None and not self._learning.done():
+            self._learning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._learning
         await self._http.aclose()
 
     async def score(
@@ -121,15 +133,61 @@ class RewardClient:
 
     async def call(self, body: dict[str, Any], *, timeout: float | None = None) -> RewardResult:
         """Post one RewardInput (as a dict); never raises for a failed call."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        answered, result = await self._call(body, timeout, deadline)
+        # the server is up (it answered this call, and no failure since): ask it its metric
+        # names, once
+        if answered and not self._learnt and self._circuit.state == "closed":
+            await self._learn_names(deadline)
+        if self._metric_names.keys() - result.metrics.keys():
+            result.metrics = {**dict.fromkeys(self._metric_names, 0.0), **result.metrics}
+        return result
+
+    async def _learn_names(self, deadline: float) -> None:
+        """The metric names /health declares, into ``_metric_names``: one GET shared by
+        the calls waiting on it, within their deadlines (one that has none left goes on
+        without; a later call takes it up). A server whose /health names none (an older
+        one) is asked no more; one that cannot be reached is asked again at a later call,
+        three times at most."""
+        if self._learning is None or self._learning.done():
+            self._learning = asyncio.ensure_future(self._get_names(deadline))
+        left = deadline - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before 3.11
+                await asyncio.wait_for(asyncio.shield(self._learning), left)
+
+    async def _get_names(self, deadline: float) -> None:
+        try:
+            answer = await self._http.get(
+                self._health_url, timeout=max(deadline - time.monotonic(), 1.0)
+            )
+            data = answer.json()
+        except httpx.HTTPError as exc:
+            self._learn_tries += 1
+            self._learnt = self._learn_tries >= 3
+            log.info("reward server %s: /health not read (%s)", self._circuit.where, exc)
+            return
+        except ValueError:  # not JSON: no /health of ours
+            data = None
+        names = data.get("metrics") if isinstance(data, dict) else None
+        if isinstance(names, list):
+            declared = dict.fromkeys(n for n in names if isinstance(n, str))
+            self._metric_names = {**declared, **self._metric_names}
+        self._learnt = True
+
+    async def _call(
+        self, body: dict[str, Any], timeout: float, deadline: float
+    ) -> tuple[bool, RewardResult]:
+        """Whether the server answered (with any status), and the result."""
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self._concurrency)
-        timeout = self.timeout if timeout is None else timeout
         late = f"DEADLINE_EXCEEDED: no answer within {timeout:g}s"
-        deadline = time.monotonic() + timeout
+        answered = False
         try:
             content = orjson.dumps(body, default=_plain, option=_ORJSON_OPTIONS)
         except TypeError as exc:  # a dict nested too deep, an int past 64 bits
-            return self._failed(f"the request cannot be encoded: {exc}")
+            return answered, self._failed(f"the request cannot be encoded: {exc}")
         circuit = self._circuit
         tries = 0
         probing = False  # this call is the half-open circuit's one probe
@@ -138,18 +196,20 @@ class RewardClient:
                 tries += 1
                 admitted = circuit.admit()  # a probe tries once: it opens or closes the circuit
                 if admitted is None:
-                    return self._failed(circuit.reason(), quiet=True)
+                    return answered, self._failed(circuit.reason(), quiet=True)
                 probing = admitted
                 try:  # the wait for a free slot counts against the deadline too
                     await asyncio.wait_for(self._semaphore.acquire(), deadline - time.monotonic())
                 except asyncio.TimeoutError:  # not the builtin TimeoutError before 3.11
-                    return self._failed(f"{late} (waiting for one of {self._concurrency} slots)")
+                    return answered, self._failed(
+                        f"{late} (waiting for one of {self._concurrency} slots)"
+                    )
                 try:
                     if not probing and circuit.state != "closed":  # it opened while we waited
-                        return self._failed(circuit.reason(), quiet=True)
+                        return answered, self._failed(circuit.reason(), quiet=True)
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        return self._failed(late)
+                        return answered, self._failed(late)
                     answer = await self._http.post(
                         self.url, content=content, headers=_JSON_HEADERS, timeout=left
                     )
@@ -158,30 +218,31 @@ class RewardClient:
                     closed = circuit.connection_failed(reason, probe=probing)
                     probing = False
                     if not closed:  # open: no retry would reach it
-                        return self._failed(circuit.reason(), quiet=True)
+                        return answered, self._failed(circuit.reason(), quiet=True)
                     wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
                 except httpx.ConnectTimeout as exc:  # no handshake at all: a host that drops
                     circuit.connection_failed(f"ConnectTimeout: {exc}", probe=probing)
                     probing = False
-                    return self._failed(late)
+                    return answered, self._failed(late)
                 except httpx.TimeoutException:
-                    return self._failed(late)
+                    return answered, self._failed(late)
                 except httpx.HTTPError as exc:
-                    return self._failed(f"{type(exc).__name__}: {exc}")
+                    return answered, self._failed(f"{type(exc).__name__}: {exc}")
                 else:
                     probing = False
+                    answered = True
                     circuit.answered()  # even a 503: the server is up
                     if answer.status_code not in _RETRY_STATUS:
-                        return self._read(answer)
+                        return answered, self._read(answer)
                     wait = _retry_after(answer.headers.get("retry-after"), tries)
                     reason = f"HTTP {answer.status_code}: {_error(answer)}"
                 finally:
                     self._semaphore.release()
                 wait = min(wait, self.max_retry_wait)
                 if time.monotonic() + wait >= deadline:
-                    return self._failed(f"{reason} (gave up after {tries} tries)")
+                    return answered, self._failed(f"{reason} (gave up after {tries} tries)")
                 if await circuit.opens_within(wait):  # stop retrying a server that is down
-                    return self._failed(circuit.reason(), quiet=True)
+                    return answered, self._failed(circuit.reason(), quiet=True)
         finally:
             if probing:  # ended before its try (cancelled, its deadline): the next call probes
                 circuit.probe_abandoned()
@@ -198,8 +259,7 @@ class RewardClient:
             return self._failed("the answer is not a reward output")
         if not math.isfinite(score) or not all(map(math.isfinite, metrics.values())):
             return self._failed("the answer holds a non-finite number")
-        self._metric_names.update(dict.fromkeys(metrics))
-        metrics = {**dict.fromkeys(self._metric_names, 0.0), **metrics}
+        self._metric_names.update(dict.fromkeys(metrics))  # call() adds the others, as 0.0
         if data.get("status") == "failed":  # the function said so itself: failed is 0.0
             reason = f"{data.get('error_code') or 'FAILED'}: {data.get('error')}"
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
@@ -209,7 +269,7 @@ class RewardClient:
     def _failed(self, reason: str, *, quiet: bool = False) -> RewardResult:
         if not quiet:  # the circuit breaker's failures: logged once per state change instead
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
-        return RewardResult(0.0, dict.fromkeys(self._metric_names, 0.0), True, reason)
+        return RewardResult(0.0, {}, True, reason)  # call() adds every metric name, as 0.0
 
     # --- from threads and other event loops -----------------------------------------
 
@@ -327,6 +387,12 @@ def _loggable(url: str) -> str:
     """The URL without user, password or query, which may hold a secret."""
     parsed = httpx.URL(url)
     return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
+
+
+def _health_url(url: str) -> str:
+    """The server's /health, beside its /api/v1 (``url``)."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(path=parsed.path.removesuffix("/api/v1") + "/health"))
 
 
 def _plain(value: Any) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -33,6 +33,7 @@ __all__ = [
     "AbstractProcessor",
     "AbstractRewardProcessor",
     "AbstractRolloutProcessor",
+    "declared_metrics",
 ]
 
 _EXECUTOR_LOCK = threading.Lock()
@@ -77,11 +78,26 @@ class _ContextThreadPool(ThreadPoolExecutor):
 
 
 class AbstractRewardProcessor(AbstractProcessor):
-    """Scores one trajectory, directly or through ``@reward_func`` sub-rewards."""
+    """Scores one trajectory, directly or through ``@reward_func`` sub-rewards.
+
+    ``metric_names`` declares the ``reward_metrics`` names the processor reports, so that
+    every answer of the trainer protocols, and every result of the in-process client,
+    carries each of them from the first request on (0.0 where a result has none, a
+    failed one included): verl and OpenRLHF stack per-sample metrics by key and refuse
+    a batch whose samples differ. ``/health`` lists them. The names of a decorated
+    reward's sub-rewards need no declaration; a name reported but not declared (by a
+    processor that declares any) is logged once. A name that is not a string, or one of
+    the trainer protocols' own marks (``reward_failed``, ``prompt_mismatch``), stops the
+    server at startup::
+
+        class MathReward(AbstractRewardProcessor):
+            metric_names = ("answer_found", "format_ok")
+    """
 
     func_type = FunctionType.REWARD
     input_model = RewardInput
     output_model = RewardOutput
+    metric_names: ClassVar[Sequence[str]] = ()
 
     def __init__(self, executor: Executor | None = None) -> None:
         if executor is not None:
@@ -169,3 +185,27 @@ class AbstractGroupRewardProcessor(AbstractProcessor):
     def process(
         self, input_data: GroupRewardInput
     ) -> GroupRewardOutput | Awaitable[GroupRewardOutput]: ...
+
+
+def declared_metrics(cls: type) -> tuple[str, ...]:
+    """The metric names ``cls.metric_names`` declares, in order, once each (none for a class
+    not derived from ``AbstractRewardProcessor``); TypeError for a malformed declaration."""
+    if not (isinstance(cls, type) and issubclass(cls, AbstractRewardProcessor)):
+        return ()
+    names = cls.metric_names
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise TypeError(
+            f"{cls.__name__}.metric_names must be a sequence of metric names, such as "
+            f"('answer_found',), not {type(names).__name__} {names!r}"
+        )
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"{cls.__name__}.metric_names holds {name!r}: each metric name must be a "
+                "non-empty string"
+            )
+        try:
+            name.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no JSON can carry it
+            raise TypeError(f"{cls.__name__}.metric_names holds {name!r}: {exc}") from None
+    return tuple(dict.fromkeys(names))

@@ -1,7 +1,9 @@
 """Ready-made reward hooks of in-process trainers, each calling a served function.
 
 - verl: ``custom_reward_function`` pointing at ``verl_compute_score`` (async, for verl's
-  reward loop) or ``verl_compute_score_sync`` (older reward managers). The URL comes from
+  reward loop), ``verl_compute_score_sync`` (older reward managers) or
+  ``verl_compute_score_batch`` (``reward_model.reward_manager=batch``: one call with the
+  batch's lists, its samples scored at once over the client's pool). The URL comes from
   ``custom_reward_function.reward_kwargs.url`` or ``$AGENTIC_RL_REWARD_URL``.
 - TRL: ``reward_funcs=[trl_reward_func(url)]`` for GRPOTrainer (and the other trainers
   taking ``reward_funcs``).
@@ -18,20 +20,23 @@ Infinity become null, numpy values plain numbers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
-from processors_base.client import RewardResult, shared_client
+from processors_base.client import RewardClient, RewardResult, shared_client
 
 __all__ = [
     "AReaLReward",
     "areal_reward_fn",
     "trl_reward_func",
     "verl_compute_score",
+    "verl_compute_score_batch",
     "verl_compute_score_sync",
 ]
 
@@ -55,14 +60,24 @@ AREAL_TIMEOUT = 10.0
 # --- verl --------------------------------------------------------------------------------
 
 
-def _verl_call(
-    data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any, kwargs: dict
-) -> tuple[Any, list[dict[str, Any]], Any, dict[str, Any]]:
+def _verl_client(kwargs: dict[str, Any]) -> RewardClient:
     options = {k: kwargs[k] for k in _CLIENT_OPTIONS if k in kwargs}
-    client = shared_client(kwargs.get("url"), **options)
+    return shared_client(kwargs.get("url"), **options)
+
+
+def _verl_request(
+    data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any
+) -> tuple[list[dict[str, Any]], Any, dict[str, Any]]:
     messages = [{"role": "assistant", "content": solution_str}]
     extra = {"trainer": "verl", "data_source": data_source, "extra_info": _jsonable(extra_info)}
-    return client, messages, _jsonable(ground_truth), extra
+    return messages, _jsonable(ground_truth), extra
+
+
+def _verl_call(
+    data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any, kwargs: dict
+) -> tuple[RewardClient, list[dict[str, Any]], Any, dict[str, Any]]:
+    messages, truth, extra = _verl_request(data_source, solution_str, ground_truth, extra_info)
+    return _verl_client(kwargs), messages, truth, extra
 
 
 def _verl_result(result: RewardResult) -> dict[str, Any]:
@@ -96,6 +111,44 @@ def verl_compute_score_sync(
         data_source, solution_str, ground_truth, extra_info, kwargs
     )
     return _verl_result(client.score_sync(messages, truth, extra=extra))
+
+
+def verl_compute_score_batch(
+    data_sources: Sequence[Any],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """verl's batch ``compute_score`` (``reward_manager=batch``): one dict per sample, in order.
+
+    Every sample is submitted at once, so the client's pool runs ``concurrency`` calls at a
+    time. A sample that failed (or whose call ended in an exception) scores 0.0 with
+    ``reward_failed`` 1.0; every dict has every metric name of the batch (0.0 where a sample
+    has none), as verl appends each key's values into per-key lists of the batch's length.
+    """
+    client = _verl_client(kwargs)
+    infos = [None] * len(solution_strs) if extra_infos is None else extra_infos
+    futures = []
+    for data_source, solution_str, ground_truth, info in zip(
+        data_sources, solution_strs, ground_truths, infos, strict=True
+    ):
+        messages, truth, extra = _verl_request(data_source, solution_str, ground_truth, info)
+        futures.append(client.submit(messages, truth, extra=extra))
+    results = [_outcome(future) for future in futures]
+    names = dict.fromkeys(name for result in results for name in result.metrics)
+    return [
+        _verl_result(replace(r, metrics={**dict.fromkeys(names, 0.0), **r.metrics}))
+        for r in results
+    ]
+
+
+def _outcome(future: concurrent.futures.Future[RewardResult]) -> RewardResult:
+    try:
+        return future.result()
+    except Exception as exc:  # the client answers failures itself: a bug, still not the run's end
+        log.exception("reward call failed, scoring 0.0")
+        return RewardResult(0.0, failed=True, reason=f"{type(exc).__name__}: {exc}")
 
 
 # --- TRL ---------------------------------------------------------------------------------

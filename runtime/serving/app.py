@@ -70,7 +70,7 @@ class FunctionApp:
         self._setup_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
         self._setup_ok = False
-        self._health_fields = {
+        self._health_fields: dict[str, Any] = {
             "func_type": function.func_type.value,
             "processor": function.target.name,
             "parser": parser_for(function.func_type).__name__,  # the SDK's names
@@ -107,6 +107,11 @@ class FunctionApp:
         # the path label of an answer no route served: a route's path, else UNKNOWN_PATH
         self._route_paths = {r.path: r.path for r in self._routes.routes if isinstance(r, Route)}
         self._route_paths["/api/v1/"] = "/api/v1"
+
+    def add_health_fields(self, **fields: Any) -> None:
+        """Say ``fields`` on /health too (the trainer protocols: the metric names every
+        answer carries), before the first request."""
+        self._health_fields.update(fields)
 
     def mount(self, routes: Sequence[BaseRoute]) -> None:
         """Serve ``routes`` too (the trainer protocols: runtime.serving.trainers), before

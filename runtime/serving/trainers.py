@@ -32,6 +32,11 @@ left out of training and of the metrics, not trained on as a 0); it is logged an
 in ``/metrics``. A failed sample is 0.0 in every field a trainer reads as a score
 (OpenRLHF's ``scores`` and a ``score`` metric too). ``--trainer-errors error`` answers
 500/504 instead. A full queue is still a 503 with ``Retry-After``.
+
+Every answer carries every metric name known so far, 0.0 where a sample has none: the
+trainers stack metrics by key. The processor's ``metric_names`` and a decorated
+reward's sub-rewards are known before the first request (and listed on ``/health``), so a
+worker whose first sample fails answers them too.
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ from starlette.routing import Route
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from processors_base.models import RewardOutput
+from processors_base.processors import declared_metrics
 from processors_base.rewards import RENORMALIZED, registry_of
 from runtime import errors
 from runtime.config import Settings
 from runtime.execution.function import Function, ProcessorFailure, RequestError, invalid_input
+from runtime.execution.loading import TargetError
 from runtime.logs import RequestLog, bind_request, unbind_request
 from runtime.serving.admission import PARSE_COSTS, Admission
 from runtime.serving.body import ClientGone
@@ -94,6 +101,7 @@ FAILED_MARK = "reward_failed"
 SCORE_METRIC = "score"  # OpenRLHF's ``scores`` when given; 0.0 on a failed sample, as the reward
 MISMATCH_MARK = "prompt_mismatch"  # OpenRLHF: the prompt was not found in the query
 _RESERVED = frozenset((FAILED_MARK, MISMATCH_MARK))  # never taken from a processor's metrics
+_UNDECLARED_LOGGED = 100  # undeclared names logged at most, per process
 _START_MARGIN = 0.01  # seconds: a sample with less of the deadline left is not started
 # A larger OpenRLHF batch, or a larger body on any route, is built and validated in a
 # thread, off the event loop (a 10 MiB body: seconds of work, as one sample too)
@@ -199,6 +207,9 @@ class TrainerHost(Protocol):
     def hold_parsed(self, body: bytes, costs: tuple[int, int, int], floor: int = 0) -> int:
         """Hold what ``body`` will take once parsed; the bytes held (RequestError: no)."""
 
+    def add_health_fields(self, **fields: Any) -> None:
+        """Say ``fields`` on /health too."""
+
 
 class TrainerRoutes:
     def __init__(self, app: TrainerHost) -> None:
@@ -215,9 +226,17 @@ class TrainerRoutes:
         self._validation = anyio.CapacityLimiter(1)
         self._is_reward = app.function.func_type.value == "reward"
         # Metric names: a sample reports every name known so far (0.0 where it has none), so
-        # the answers keep one key set (OpenRLHF and verl stack them across samples).
-        # Decorated rewards name theirs up front: the sub-rewards and their ".failed".
-        self._metric_names: dict[str, None] = dict.fromkeys(_declared_metrics(app))
+        # the answers keep one key set (OpenRLHF and verl stack them across samples). The
+        # processor's ``metric_names`` and a decorated reward's sub-rewards (and their ".failed")
+        # are known up front, listed on /health for the in-process client (TargetError:
+        # a malformed declaration, a reserved name).
+        declared, explicit = _declared_metrics(app)
+        self._metric_names: dict[str, None] = dict.fromkeys(declared)
+        if declared:
+            app.add_health_fields(metrics=declared)
+        # names reported but not declared are logged once each, when any were declared
+        self._declared = frozenset(declared) if explicit else None
+        self._undeclared_logged: set[str] = set()
         self._mismatch_logged = False
         owned = None if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else app.metrics.registry
         self._requests = Counter(
@@ -708,6 +727,9 @@ class TrainerRoutes:
             raise ProcessorFailure(
                 errors.INVALID_OUTPUT, f"output of process() is malformed: {exc}"
             ) from exc
+        declared = self._declared
+        if declared is not None and not declared.issuperset(metrics):
+            self._undeclared(declared, metrics)
         self._metric_names.update(dict.fromkeys(metrics))
         if status == "failed":  # the processor said so itself: failed is 0.0, and marked
             if SCORE_METRIC in metrics:  # OpenRLHF's scores: a failed sample never counts solved
@@ -748,6 +770,27 @@ class TrainerRoutes:
                 MISMATCH_MARK,
             )
 
+    def _undeclared(self, declared: frozenset[str], metrics: dict[str, float]) -> None:
+        """Log, once per name and process, a metric the processor did not declare: answers
+        before its first appearance lacked it (verl's check of one key set then fails)."""
+        logged = self._undeclared_logged
+        for name in metrics:
+            if name in declared or name in logged:
+                continue
+            if len(logged) >= _UNDECLARED_LOGGED:
+                return
+            logged.add(name)
+            log.warning(
+                "%s reported the metric %r, which its metric_names declaration lacks: answers "
+                "before it first appeared lacked it; add it to %s.metric_names (logged once%s)",
+                self.app.function.target.name,
+                name,
+                self.app.function.target.name,
+                "; further undeclared names are not logged"
+                if len(logged) == _UNDECLARED_LOGGED
+                else "",
+            )
+
     def _names(self, scored: list[Scored]) -> list[str]:
         names = self._metric_names
         for s in scored:
@@ -777,19 +820,34 @@ class _SampleRun(Running):
             self.answered_late.set_result(self.late_scored(self.reason))
 
 
-def _declared_metrics(app: TrainerHost) -> list[str]:
-    """Metric names a decorated reward (``@sub_reward``, no ``@aggregate_func``) reports."""
+def _declared_metrics(app: TrainerHost) -> tuple[list[str], bool]:
+    """The metric names known before any request, and whether the processor declared any
+    itself: its ``metric_names``, and those a decorated reward (``@sub_reward``, no
+    ``@aggregate_func``) reports. TargetError for a malformed or reserved declaration."""
+    cls = app.function.target.cls
     try:
-        registry = registry_of(app.function.target.cls)
+        explicit = list(declared_metrics(cls))
+    except TypeError as exc:
+        raise TargetError(f"{app.function.target.spec}: {exc}") from None
+    reserved = sorted(_RESERVED.intersection(explicit))
+    if reserved:
+        raise TargetError(
+            f"{app.function.target.spec}: {cls.__name__}.metric_names declares {reserved[0]!r}, "
+            f"which the trainer protocols reserve for their own marks "
+            f"({', '.join(sorted(_RESERVED))}); name that metric otherwise"
+        )
+    names = dict.fromkeys(explicit)
+    try:
+        registry = registry_of(cls)
     except Exception:  # not one of ours (the SDK's classes): names come as they are seen
-        return []
-    if registry.aggregate is not None:
-        return []
-    names = [sub.name for sub in registry.sub_rewards]
-    names += [f"{name}.failed" for name in names]
-    if app.function.sub_reward_errors.mode == "renormalize":
-        names.append(RENORMALIZED)
-    return names
+        return list(names), bool(explicit)
+    if registry.aggregate is None:
+        subs = [sub.name for sub in registry.sub_rewards]
+        names.update(dict.fromkeys(subs))
+        names.update(dict.fromkeys(f"{name}.failed" for name in subs))
+        if subs and app.function.sub_reward_errors.mode == "renormalize":
+            names[RENORMALIZED] = None
+    return [name for name in names if name not in _RESERVED], bool(explicit)
 
 
 def _number(value: Any, name: str) -> float:
