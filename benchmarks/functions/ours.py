@@ -2,15 +2,21 @@
 
 import asyncio
 
+import aiohttp
+
 from processors_base import (
     AbstractGroupRewardProcessor,
     AbstractRewardProcessor,
+    AbstractRolloutProcessor,
+    AgentOutput,
     GroupReward,
     GroupRewardInput,
     GroupRewardOutput,
     Reward,
     RewardInput,
     RewardOutput,
+    RolloutInput,
+    RolloutOutput,
 )
 
 
@@ -34,3 +40,20 @@ class GroupEcho(AbstractGroupRewardProcessor):
     async def process(self, input_data: GroupRewardInput) -> GroupRewardOutput:
         rewards = [Reward(reward_score=len(o.messages or [])) for o in input_data.agent_outputs]
         return GroupRewardOutput(reward=GroupReward(rewards=rewards))
+
+
+class LongRollout(AbstractRolloutProcessor):
+    """An agent's turn: one chat completion from the model the request names, which takes
+    seconds (the stand-in LLM of scenario 9), and the trajectory with its answer. Through
+    aiohttp: with httpx's pool at 5,000 connections the bare app served 2 req/s here, its
+    core saturated."""
+
+    llm: aiohttp.ClientSession | None = None
+
+    async def process(self, input_data: RolloutInput) -> RolloutOutput:
+        if self.llm is None:  # one pool for every rollout: thousands of connections at once
+            self.llm = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        url = f"{input_data.model_resource.base_url}/chat/completions"
+        async with self.llm.post(url, json={"messages": input_data.messages}) as answer:
+            reply = {"role": "assistant", "content": await answer.text()}
+        return RolloutOutput(agent_output=AgentOutput(messages=[*input_data.messages, reply]))

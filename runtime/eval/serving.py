@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import io
 import os
 import re
 import shutil
@@ -73,7 +72,7 @@ def unpack_package(function: FunctionUnderTest, into: Path) -> Path:
         requirements = packaging.layer_requirements(
             component.zipdir, component.requirements_path, "runtime"
         )
-        package = packaging.build_package(
+        package = packaging.build_package_file(  # from disk: a workspace of any size
             component.zipdir,
             function.kind,
             component.module,
@@ -83,7 +82,7 @@ def unpack_package(function: FunctionUnderTest, into: Path) -> Path:
         )
     except packaging.PackagingError as exc:
         raise StartError(f"{function.name}: {exc}") from None
-    with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
+    with package, zipfile.ZipFile(package.path) as archive:
         for info in archive.infolist():
             path = Path(archive.extract(info, into))
             path.chmod((info.external_attr >> 16) & 0o777 or 0o644)
