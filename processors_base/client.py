@@ -54,6 +54,11 @@ class RewardResult:
     reason: str | None = None  # why it failed: the error code and message, or the transport error
 
 
+NAMES_WAIT = 2.0  # seconds a call waits at most for /health's metric names
+NAMES_TIMEOUT = 10.0  # seconds the GET of /health may take
+MAX_NAMES = 1000  # declared metric names taken from /health at most
+
+
 class RewardClient:
     """Async client of one served reward function (``url``: its base or its /api/v1).
 
@@ -96,6 +101,11 @@ class RewardClient:
         self._learn_tries = 0  # GETs of /health that got no answer: given up after 3
         self._learning: asyncio.Task[None] | None = None  # the one GET /health under way
         self._circuit = _Circuit(_loggable(self.url), max(1, failure_threshold), cool_down)
+
+    @property
+    def concurrency(self) -> int:
+        """Calls in flight at once, at most."""
+        return self._concurrency
 
     @property
     def circuit(self) -> str:
@@ -146,35 +156,38 @@ class RewardClient:
 
     async def _learn_names(self, deadline: float) -> None:
         """The metric names /health declares, into ``_metric_names``: one GET shared by
-        the calls waiting on it, within their deadlines (one that has none left goes on
-        without; a later call takes it up). A server whose /health names none (an older
-        one) is asked no more; one that cannot be reached is asked again at a later call,
-        three times at most."""
+        the calls waiting on it, each for at most ``NAMES_WAIT`` seconds of what is left of
+        its deadline (one that gets no names goes on without; a later call pads with them).
+        A server whose /health names none (an older one) is asked no more; one whose
+        /health cannot be read is asked again at a later call, three times at most."""
         if self._learning is None or self._learning.done():
-            self._learning = asyncio.ensure_future(self._get_names(deadline))
-        left = deadline - time.monotonic()
+            self._learning = asyncio.ensure_future(self._get_names())
+        left = min(deadline - time.monotonic(), NAMES_WAIT)
         if left > 0:
             with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before 3.11
                 await asyncio.wait_for(asyncio.shield(self._learning), left)
 
-    async def _get_names(self, deadline: float) -> None:
+    async def _get_names(self) -> None:
         try:
-            answer = await self._http.get(
-                self._health_url, timeout=max(deadline - time.monotonic(), 1.0)
-            )
+            answer = await self._http.get(self._health_url, timeout=NAMES_TIMEOUT)
             data = answer.json()
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # unreachable, not JSON, nested too deep: no names this time
             self._learn_tries += 1
             self._learnt = self._learn_tries >= 3
-            log.info("reward server %s: /health not read (%s)", self._circuit.where, exc)
+            log.info(
+                "reward server %s: /health not read (%s)", self._circuit.where, type(exc).__name__
+            )
             return
-        except ValueError:  # not JSON: no /health of ours
-            data = None
         names = data.get("metrics") if isinstance(data, dict) else None
         if isinstance(names, list):
-            declared = dict.fromkeys(n for n in names if isinstance(n, str))
+            declared = dict.fromkeys(n for n in names[:MAX_NAMES] if isinstance(n, str))
             self._metric_names = {**declared, **self._metric_names}
-        self._learnt = True
+            self._learnt = True
+        elif answer.status_code == 200:  # a server that declares none (an older one)
+            self._learnt = True
+        else:  # a proxy's 502 or 503 before the server: ask again later
+            self._learn_tries += 1
+            self._learnt = self._learn_tries >= 3
 
     async def _call(
         self, body: dict[str, Any], timeout: float, deadline: float

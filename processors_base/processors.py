@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 _EXECUTOR_LOCK = threading.Lock()
+MAX_METRIC_NAMES = 1000  # declared on one processor, at most (the client takes as many)
+MAX_METRIC_NAME = 200  # characters of one declared name, at most
 
 
 class AbstractProcessor(ABC):
@@ -198,11 +200,16 @@ def declared_metrics(cls: type) -> tuple[str, ...]:
             f"{cls.__name__}.metric_names must be a sequence of metric names, such as "
             f"('answer_found',), not {type(names).__name__} {names!r}"
         )
+    if len(names) > MAX_METRIC_NAMES:
+        raise TypeError(
+            f"{cls.__name__}.metric_names declares {len(names)} names: at most "
+            f"{MAX_METRIC_NAMES} (every answer carries each of them)"
+        )
     for name in names:
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name or len(name) > MAX_METRIC_NAME:
             raise TypeError(
-                f"{cls.__name__}.metric_names holds {name!r}: each metric name must be a "
-                "non-empty string"
+                f"{cls.__name__}.metric_names holds {name!r:.80}: each metric name must be a "
+                f"string of 1 to {MAX_METRIC_NAME} characters"
             )
         try:
             name.encode()

@@ -122,20 +122,38 @@ def verl_compute_score_batch(
 ) -> list[dict[str, Any]]:
     """verl's batch ``compute_score`` (``reward_manager=batch``): one dict per sample, in order.
 
-    Every sample is submitted at once, so the client's pool runs ``concurrency`` calls at a
-    time. A sample that failed (or whose call ended in an exception) scores 0.0 with
+    The client's pool scores ``concurrency`` samples at a time, the next sent as one ends
+    (so each call's deadline runs from when it is sent, not from the batch's start). A
+    sample that failed (or whose call ended in an exception) scores 0.0 with
     ``reward_failed`` 1.0; every dict has every metric name of the batch (0.0 where a sample
     has none), as verl appends each key's values into per-key lists of the batch's length.
+    Lists of different lengths are a ValueError before anything is sent.
     """
     client = _verl_client(kwargs)
-    infos = [None] * len(solution_strs) if extra_infos is None else extra_infos
-    futures = []
-    for data_source, solution_str, ground_truth, info in zip(
-        data_sources, solution_strs, ground_truths, infos, strict=True
-    ):
-        messages, truth, extra = _verl_request(data_source, solution_str, ground_truth, info)
-        futures.append(client.submit(messages, truth, extra=extra))
-    results = [_outcome(future) for future in futures]
+    columns = [list(data_sources), list(solution_strs), list(ground_truths)]
+    columns.append([None] * len(columns[1]) if extra_infos is None else list(extra_infos))
+    if len({len(column) for column in columns}) > 1:
+        raise ValueError(
+            "data_sources, solution_strs, ground_truths and extra_infos differ in length: "
+            + ", ".join(str(len(column)) for column in columns)
+        )
+    samples = iter(enumerate(zip(*columns, strict=True)))
+    in_flight: dict[concurrent.futures.Future[RewardResult], int] = {}
+    results: list[RewardResult] = [RewardResult(0.0)] * len(columns[0])
+
+    def send_next() -> None:
+        if (item := next(samples, None)) is not None:
+            index, sample = item
+            messages, truth, extra = _verl_request(*sample)
+            in_flight[client.submit(messages, truth, extra=extra)] = index
+
+    for _ in range(client.concurrency):
+        send_next()
+    while in_flight:
+        done, _ = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in done:
+            results[in_flight.pop(future)] = _outcome(future)
+            send_next()
     names = dict.fromkeys(name for result in results for name in result.metrics)
     return [
         _verl_result(replace(r, metrics={**dict.fromkeys(names, 0.0), **r.metrics}))

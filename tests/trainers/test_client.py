@@ -20,6 +20,7 @@ from processors_base.trainer_hooks import (
     areal_reward_fn,
     trl_reward_func,
     verl_compute_score,
+    verl_compute_score_batch,
     verl_compute_score_sync,
 )
 
@@ -241,3 +242,26 @@ async def test_every_result_carries_every_metric_name_seen() -> None:
         assert second.metrics == {"a": 0.0, "b": 1.0}  # verl stacks keys across samples
     finally:
         server.close()
+
+
+def test_verl_batch_deadlines_run_from_each_call_not_from_the_batch() -> None:
+    """40 samples of 0.2 s through 4 slots take 2 s: with a 1 s deadline from the batch's
+    start, every sample past the first 20 would fail; each is timed from when it is sent."""
+    server = Server("workspace.verl_fns:VerlBatchReward")
+    try:
+        server.wait_ready()
+        results = verl_compute_score_batch(
+            ["src"] * 40,
+            ["7"] * 40,
+            ["7"] * 40,
+            [{"index": i, "sleep": 0.2} for i in range(40)],
+            url=server.url,
+            concurrency=4,
+            timeout=1.5,
+        )
+    finally:
+        server.close()
+    assert [r["reward_failed"] for r in results] == [0.0] * 40
+    assert [r["index"] for r in results] == [float(i) for i in range(40)]  # in order
+    with pytest.raises(ValueError, match="differ in length: 2, 1, 2, 1"):
+        verl_compute_score_batch(["a", "b"], ["7"], ["7", "7"], url=server.url)

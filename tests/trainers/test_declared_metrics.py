@@ -9,12 +9,14 @@ the trainer protocols and the in-process client pad every answer with them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from typing import ClassVar
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 from conftest import TESTS, Server
+from helpers import RawServer, http, send
 from test_trainers import PROMPT, gym_row, openrlhf, slime
 
 from processors_base.client import RewardClient
@@ -26,6 +28,7 @@ from runtime.serving.server import build_app
 
 DECLARED = {"answer_found": 0.0, "format_ok": 0.0}
 RAISE = [{"role": "assistant", "content": "RAISE"}]
+ANSWER = [{"role": "assistant", "content": "42"}]
 UNDECLARED = "reported the metric 'surprise', which its metric_names declaration lacks"
 FAILED_LINE = "reward failed, answered 0 and marked it"
 
@@ -121,7 +124,7 @@ def test_a_bad_declaration_stops_the_server_at_startup() -> None:
         assert server.proc.wait(60) == 3
         assert (
             "workspace.declared_fns:NotANameReward: NotANameReward.metric_names holds 3: each "
-            "metric name must be a non-empty string" in server.output()
+            "metric name must be a string of 1 to 200 characters" in server.output()
         )
     finally:
         server.close()
@@ -142,3 +145,53 @@ def test_a_declaration_is_a_sequence_of_names() -> None:
         declared_metrics(Bare)
     Bare.metric_names = ("a", "b", "a")
     assert declared_metrics(Bare) == ("a", "b")
+    # every answer carries each name: a bound on their number and length
+    Bare.metric_names = tuple(f"m{i}" for i in range(1001))
+    with pytest.raises(TypeError, match="declares 1001 names: at most 1000"):
+        declared_metrics(Bare)
+    Bare.metric_names = ("x" * 201,)
+    with pytest.raises(TypeError, match="a string of 1 to 200 characters"):
+        declared_metrics(Bare)
+
+
+# --- a /health that does not answer as ours does ----------------------------------------
+
+REWARD = http(200, b'{"status": "success", "reward": {"reward_score": 1.0}}')
+
+
+def health_of(answers: list[bytes]) -> Callable[..., Any]:
+    """A RawServer handler: every POST scored 1.0, each GET /health the next of ``answers``
+    (b"" leaves it unanswered)."""
+
+    async def handle(method: str, target: str, writer: asyncio.StreamWriter) -> None:
+        if method == "GET":
+            answer = answers.pop(0) if answers else http(404, b"{}")
+            if not answer:
+                await asyncio.sleep(3600)
+            await send(writer, answer)
+        else:
+            await send(writer, REWARD)
+
+    return handle
+
+
+async def test_a_health_that_never_answers_costs_a_call_seconds_not_its_deadline() -> None:
+    with RawServer(health_of([b""])) as raw:
+        async with RewardClient(raw.base_url, timeout=60) as client:
+            started = time.monotonic()
+            result = await client.score(ANSWER)
+            waited = time.monotonic() - started
+    assert (result.score, result.failed, result.metrics) == (1.0, False, {})
+    assert waited < 30  # NAMES_WAIT (2 s), not the 60 s deadline
+
+
+async def test_a_health_too_deep_for_json_or_a_proxys_503_is_asked_again() -> None:
+    deep = http(200, b"[" * 100_000 + b"]" * 100_000)
+    proxy = http(503, b'{"status": "starting"}')
+    ours = http(200, b'{"status": "healthy", "metrics": ["answer_found"]}')
+    with RawServer(health_of([deep, proxy, ours])) as raw:
+        async with RewardClient(raw.base_url) as client:
+            results = [await client.score(ANSWER) for _ in range(3)]
+    # never an exception; the names once /health says them
+    assert [r.metrics for r in results] == [{}, {}, {"answer_found": 0.0}]
+    assert all(r.score == 1.0 and not r.failed for r in results)

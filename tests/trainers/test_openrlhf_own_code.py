@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Server
+from conftest import Server, free_port
 from trainer_wheels import load_module, needs_wheel, wheel
 
 OPENRLHF_VERSION = "0.11.2"  # the release these tests prove
@@ -89,17 +89,30 @@ def test_openrlhf_0_11_2_keeps_the_servers_reward_and_every_metric_key(
     wrong = execute(agent, server.url, "41")
     raised = execute(agent, server.url, "RAISE")
     late = execute(agent, server.url, "HANG")  # past the server's 2 s deadline
-    outputs = (right, wrong, raised, late)
+    refused = execute(agent, server.url, "FAILEDSCORE")  # failed, with a score of 0.9
+    outputs = (right, wrong, raised, late, refused)
     # lists of one, as from OpenRLHF's own reward server (serve_rm): its samples generator
     # makes each a tensor of the sample's reward
-    assert [o["reward"] for o in outputs] == [[1.0], [0.0], [0.0], [0.0]]
-    assert [o["scores"] for o in outputs] == [[1.0], [0.0], [0.0], [0.0]]
+    assert [o["reward"] for o in outputs] == [[1.0], [0.0], [0.0], [0.0], [0.0]]
+    assert [o["scores"] for o in outputs] == [[1.0], [0.0], [0.0], [0.0], [0.0]]
     # the response as the function saw it: the query less its prompt, one user message
     assert right["extra_logs"]["user_turns"] == [1.0]
     assert right["extra_logs"]["answer_chars"] == [2.0]
     # the failures are marked, and every answer has the same keys (OpenRLHF stacks them)
-    assert [o["extra_logs"]["reward_failed"] for o in outputs] == [[0.0], [0.0], [1.0], [1.0]]
+    failed = [o["extra_logs"]["reward_failed"] for o in outputs]
+    assert failed == [[0.0], [0.0], [1.0], [1.0], [1.0]]
     keys = set(right["extra_logs"])
     assert all(set(o["extra_logs"]) == keys for o in outputs)
     assert {"reward_failed", "prompt_mismatch", "messages", "answer_chars"} <= keys
     assert right["extra_logs"]["prompt_mismatch"] == [0.0]
+
+
+def test_openrlhf_0_11_2_with_the_server_down_leaves_the_sample_unscored(
+    agent: types.ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenRLHF's own client, not ours, handles a server that is down: 5 tries a second
+    apart, then it logs and leaves the sample's reward None (no crash of the executor)."""
+    with caplog.at_level(logging.INFO):
+        down = execute(agent, f"http://127.0.0.1:{free_port()}", "42")
+    assert (down["reward"], down["scores"], down["extra_logs"]) == (None, None, {})
+    assert "Failed to fetch reward from remote RM" in caplog.text

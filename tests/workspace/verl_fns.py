@@ -4,7 +4,8 @@
 every sample of a batch has a score of its own; its metrics say which sample
 (``extra_info.index``) it was given and what verl added to it. ``RAISE`` raises. A sample
 whose ``extra_info`` says ``hold`` waits (at most 60 s) for a ``RELEASE`` request, so that
-a test can have a failed sample's result read before any other's.
+a test can have a failed sample's result read before any other's; one whose ``extra_info``
+says ``sleep`` takes that many seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class VerlBatchReward(AbstractRewardProcessor):
             raise ValueError("the judge broke")
         extra = input_data.agent_output.rollout_extra or {}
         info = extra.get("extra_info") or {}
+        if info.get("sleep"):  # a judge that takes this long
+            await asyncio.sleep(float(info["sleep"]))
         if info.get("hold"):
             with contextlib.suppress(asyncio.TimeoutError):  # not the builtin before 3.11
                 await asyncio.wait_for(self.released.wait(), 60)
