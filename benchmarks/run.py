@@ -826,7 +826,7 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, seconds, profiled, before
         f"In scenario 9 each of {LONG_CONNECTIONS} wrk connections posts a rollout whose processor",
         f"awaits one chat completion from a stand-in LLM that answers after {LONG_WAIT:g} s (the bare app",
         "of benchmarks/bare_app.py with a wait, its own process); the bare app serves the same",
-        "rollout (parse, the same call with the same httpx pool, answer) without a runtime; the",
+        "rollout (parse, the same call through the same aiohttp pool, answer) without a runtime; the",
         f"runtime runs with --concurrency {LONG_CONNECTIONS} and --max-connections "
         f"{LONG_CONNECTIONS + 100} (the defaults, 128 and 1024, would queue or refuse most of them);",
         "wrk opens its connections over the first seconds, so even the bare app stays under the bound.",
