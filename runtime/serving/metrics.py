@@ -164,13 +164,22 @@ class _ApiCounts:
         yield latency
 
 
+class _SharedFiles(MultiProcessCollector):
+    """The --workers' shared metric files, read at each scrape and never at registration:
+    the registry (auto_describe) would read them then, and a file another worker has just
+    created, still empty, is an error there (the starting worker died of it)."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
 class Metrics:
     def __init__(self, func_type: str, gauges: Callable[[], tuple[int, int, int]]) -> None:
         self._gauges = gauges  # () -> (in flight, queued, stuck sync calls)
         multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = CollectorRegistry(auto_describe=True)
         if multiprocess:
-            MultiProcessCollector(self.registry)
+            _SharedFiles(self.registry)
         # In multiprocess mode samples go to the shared files, not to a registry.
         owned = None if multiprocess else self.registry
         self._func_type = func_type

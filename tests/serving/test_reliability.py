@@ -51,6 +51,19 @@ def test_metrics_count_requests_by_status(start_server):
     assert metric(text, "rl_function_rejected_total") == 0
 
 
+def test_a_worker_starts_beside_another_workers_metrics_file_not_yet_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --workers, a worker made its metrics while another had just created its file,
+    still empty: reading it at registration killed the starting worker (seen in CI)."""
+    from runtime.serving.metrics import Metrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (tmp_path / "counter_12345.db").touch()  # created, not yet sized
+    metrics = Metrics("reward", lambda: (0, 0, 0))
+    assert metrics.registry is not None
+
+
 def test_metrics_add_up_across_workers(start_server):
     server = start_server("workspace.fns:EchoReward", "--workers", "2")
     server.wait_output("ready: EchoReward", 2)
