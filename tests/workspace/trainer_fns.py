@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
@@ -197,3 +198,30 @@ class StyleJudgedReward(AbstractRewardProcessor):
         if _answer(input_data).endswith(("TIMEOUT", "BOTH")):
             raise TimeoutError("the judge timed out")
         return RewardOutput(reward=Reward(reward_score=0.5))
+
+
+class PromptKindReward(AbstractRewardProcessor):
+    """What the prompt asks: ``raise`` raises, ``hang`` never returns, ``failed`` answers a
+    failed result; any other prompt scores the completion (its length, in tenths, at most
+    1.0). Each call is written, as the server saw it, to the JSON-lines file
+    ``$SCORES_FILE`` before it is answered, so a test can set what a trainer logged beside
+    what the server scored."""
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        messages = input_data.agent_output.messages or []
+        prompt = next((str(m["content"]) for m in messages if m.get("role") == "user"), "")
+        completion = next(str(m["content"]) for m in messages if m.get("role") == "assistant")
+        kind = prompt if prompt in ("raise", "hang", "failed") else "score"
+        score = min(1.0, len(completion) / 10)
+        seen = {"prompt": prompt, "completion": completion, "kind": kind, "score": score}
+        with open(os.environ["SCORES_FILE"], "a", encoding="utf-8") as scores:
+            scores.write(json.dumps(seen) + "\n")
+        if kind == "raise":
+            raise ValueError("the judge broke")
+        if kind == "hang":
+            await asyncio.sleep(3600)
+        if kind == "failed":
+            return RewardOutput(
+                reward=Reward(reward_score=score), status=TaskStatus.FAILED, error="unsure"
+            )
+        return RewardOutput(reward=Reward(reward_score=score))
