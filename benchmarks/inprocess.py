@@ -111,6 +111,9 @@ class _Lifespan:
         self._task = asyncio.get_running_loop().create_task(lifespan)
         while self._app.state != "healthy":
             await asyncio.sleep(0.01)
+        from runtime.serving.server import settle_garbage_collector
+
+        settle_garbage_collector()  # as the server does once ready
 
     async def __aexit__(self, *exc: object) -> None:
         await self._messages.put({"type": "lifespan.shutdown"})

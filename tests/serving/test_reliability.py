@@ -64,6 +64,19 @@ def test_a_worker_starts_beside_another_workers_metrics_file_not_yet_written(
     assert metrics.registry is not None
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_ready_worker_keeps_startup_out_of_the_cyclic_collector(start_server, workers):
+    """Once setup() is done, what startup left (its 20,000 dicts too) is frozen: full
+    collections no longer walk it under load."""
+    server = start_server("workspace.fns:GcReward", "--workers", workers)
+    server.wait_output("ready: GcReward", int(workers))
+    for _ in range(4):  # fresh connections: both workers, with two
+        with httpx.Client(base_url=server.url) as fresh:
+            metrics = fresh.post("/api/v1", json=reward_body()).json()["reward"]["reward_metrics"]
+        assert metrics["table_frozen"] == 1.0, metrics
+    assert server.terminate() == 0  # (and the workers' shared metrics directory goes)
+
+
 def test_metrics_add_up_across_workers(start_server):
     server = start_server("workspace.fns:EchoReward", "--workers", "2")
     server.wait_output("ready: EchoReward", 2)

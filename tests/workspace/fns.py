@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -31,6 +32,19 @@ def _delay(input_data: RewardInput) -> float:
 class EchoReward(AbstractRewardProcessor):
     async def process(self, input_data: RewardInput) -> RewardOutput:
         return RewardOutput(reward=Reward(reward_score=len(input_data.agent_output.messages or [])))
+
+
+class GcReward(AbstractRewardProcessor):
+    """Its metric: whether the table setup() loads (20,000 dicts, as a judge's data would
+    be) is out of the cyclic collector's sight."""
+
+    def setup(self) -> None:
+        self.table = [{"row": i} for i in range(20_000)]
+
+    async def process(self, input_data: RewardInput) -> RewardOutput:
+        seen = any(o is self.table for o in gc.get_objects())  # frozen ones are not listed
+        metrics = {"table_frozen": float(not seen)}
+        return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics=metrics))
 
 
 class SyncEchoReward(AbstractRewardProcessor):
