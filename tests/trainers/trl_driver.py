@@ -3,10 +3,10 @@
 Run by test_trl_own_code.py in a Python that has TRL and torch (``TRL_PYTHON``); not
 collected by pytest. The model and its tokenizer are built here, tiny and untrained (no
 download): a byte-level BPE trained on a few words with ``tokenizers`` and a one-layer GPT-2.
-It trains twice: against the server at ``$RUNTIME_URL``, then against ``$DOWN_URL``, where
-nothing listens. The last line printed is JSON: TRL's version, and per run the metrics TRL
-logged at each step, the seconds each step took and each sample's prompt, completion and
-the value the reward function gave TRL for it.
+It trains twice: against the server at the first argument's URL, then against the
+second's, where nothing listens. The last line printed is JSON: TRL's version, and per run
+the metrics TRL logged at each step, the seconds each step took and each sample's prompt,
+completion and the value the reward function gave TRL for it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def train(url: str, output_dir: str) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     trainer = trl.GRPOTrainer(
         model=GPT2LMHeadModel(config),
-        reward_funcs=[recorded(trl_reward_func(url), samples)],
+        # a cool-down longer than the run: one "circuit open" line, however slow the steps
+        reward_funcs=[recorded(trl_reward_func(url, cool_down=600.0), samples)],
         args=args,
         train_dataset=dataset,
         processing_class=tok,

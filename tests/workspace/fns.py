@@ -35,15 +35,15 @@ class EchoReward(AbstractRewardProcessor):
 
 
 class GcReward(AbstractRewardProcessor):
-    """Its metric: whether the table setup() loads (20,000 dicts, as a judge's data would
-    be) is out of the cyclic collector's sight."""
+    """Its metrics: whether the table setup() loads (20,000 dicts, as a judge's data would
+    be) is out of the cyclic collector's sight, and which process answered."""
 
     def setup(self) -> None:
         self.table = [{"row": i} for i in range(20_000)]
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         seen = any(o is self.table for o in gc.get_objects())  # frozen ones are not listed
-        metrics = {"table_frozen": float(not seen)}
+        metrics = {"table_frozen": float(not seen), "pid": float(os.getpid())}
         return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics=metrics))
 
 
