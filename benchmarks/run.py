@@ -1,7 +1,7 @@
 """Side-by-side benchmark: this runtime, the DashScope SDK's function server, and a bare
 ASGI app on the same uvicorn, one worker each, in one run, on loopback.
 
-    python benchmarks/run.py                 # about 6 minutes; writes benchmarks/RESULTS.md
+    python benchmarks/run.py                 # about 7 minutes; writes benchmarks/RESULTS.md
     python benchmarks/run.py --duration 5    # shorter runs
     python benchmarks/run.py --profile       # also py-spy profiles of the echo scenario
     python benchmarks/run.py --profile --profile-before COMMIT   # and of COMMIT's runtime
