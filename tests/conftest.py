@@ -9,6 +9,7 @@ has its own process mark and temp folder below."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -55,10 +56,36 @@ SERVER_TMP = ROOT / ".pytest_cache" / "tmp" / RUN_MARK.split("=", 1)[1]
 STARTUP = 120
 
 
+# Ports handed to the servers tests start: below the kernel's ephemeral range (32768 up),
+# where bind(0) and outgoing connections take theirs, and above Ray's worker ports.
+PORTS = range(21000, 31000)
+PORT_COUNTER = ROOT / ".pytest_cache" / "next-port"
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port that no other process of the run is handed. bind(0) alone is
+    not enough: a port is free again once the probe closes, and two xdist workers were once
+    handed the same one, so a test talked to another test's server. The next port comes
+    from a counter in a locked file shared by every process of the run (workers and the
+    helpers they start); one still in use is skipped."""
+    PORT_COUNTER.parent.mkdir(exist_ok=True)
+    with open(PORT_COUNTER, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)  # released when the file closes
+        counter.seek(0)
+        text = counter.read()
+        start = int(text) if text.isdigit() else 0
+        for step in range(len(PORTS)):
+            port = PORTS[(start + step) % len(PORTS)]
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            counter.seek(0)
+            counter.truncate()
+            counter.write(str((start + step + 1) % len(PORTS)))
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 def proc_stat(pid: int) -> list[str] | None:
