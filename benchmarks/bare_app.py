@@ -3,20 +3,25 @@ reward input, count the messages, serialise the output) with nothing else."""
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
-import aiohttp
 import orjson
+
+if TYPE_CHECKING:  # imported by the first rollout: not in the echo's cold start
+    import aiohttp
 
 WAIT = float(os.environ.get("BARE_WAIT", "0"))  # scenario 3: the same 100 ms await
 
 HEADERS = [(b"content-type", b"application/json")]
-LLM: aiohttp.ClientSession | None = None  # scenario 9: the rollouts' calls to the LLM
+LLM: "aiohttp.ClientSession | None" = None  # scenario 9: the rollouts' calls to the LLM
 
 
 async def rollout(data: dict) -> dict:
     """The long rollout's work without a runtime: its one chat completion, its trajectory."""
     global LLM
     if LLM is None:
+        import aiohttp
+
         LLM = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = f"{data['model_resource']['base_url']}/chat/completions"
     async with LLM.post(url, json={"messages": data["messages"]}) as answer:

@@ -10,12 +10,14 @@ The SDK is compared at its best: its server on ``uvicorn[standard]`` (uvloop and
 httptools, as this runtime runs), with the plain install as a second row. Both are
 installed into scratch virtual environments (benchmarks/.sdk-*-venv) at benchmark time
 only; the SDK is never a dependency of the project. Load comes from wrk (Debian's
-package) and, for the overload and fixed-rate scenarios, benchmarks/loadgen.py.
+package) and, for the overload and fixed-rate scenarios, benchmarks/loadgen.py. Scenario
+10 (Ray Serve) runs where a Python with Ray is found: this one, or RAY_PYTHON's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -135,6 +137,15 @@ def ensure_sdk(kind: str) -> Path:
     return python
 
 
+def lua_post(path: Path, body: str) -> Path:
+    """A wrk script at ``path`` that POSTs ``body`` as JSON."""
+    path.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(body)}\n"
+    )
+    return path
+
+
 def ensure_wrk() -> str:
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -149,6 +160,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    startup: float = 60.0  # seconds it may take to answer /health (a Ray cluster: more)
 
     @property
     def url(self) -> str:
@@ -183,7 +195,7 @@ class Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = started + 60
+        deadline = started + self.startup
         while time.perf_counter() < deadline:
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
@@ -264,6 +276,35 @@ def uvicorn_server(name: str, app: str, env: dict[str, str] | None = None) -> Se
 
 def bare_server(wait: float = 0.0) -> Server:
     return uvicorn_server("bare", "bare_app:app", {"BARE_WAIT": str(wait)})
+
+
+def ray_python() -> str | None:
+    """A Python with Ray Serve: RAY_PYTHON (as .ci/run names it), else this one if it has
+    Ray; None: scenario 10 is not run."""
+    if os.environ.get("RAY_PYTHON"):
+        return os.environ["RAY_PYTHON"]
+    return PY if importlib.util.find_spec("ray") else None
+
+
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def ray_servers(python: str, workspace: Path) -> list[Server]:
+    """Scenario 10: a plain Ray Serve deployment of the echo (benchmarks/bare_ray.py), and
+    ``serve --ray`` of the runtime's, one replica each on a local cluster of its own."""
+    bare = Server("bare Ray Serve", [python, str(HERE / "bare_ray.py"), "{port}"], dict(RAY_ENV))
+    ours = Server(
+        "runtime, serve --ray",
+        [python, "-m", "runtime", "serve", "functions.ours:EchoReward", "--ray",
+         "--replicas", "1", "--workspace", str(workspace), "--host", "127.0.0.1",
+         "--port", "{port}", "--log-level", "warning"],
+        dict(RAY_ENV),
+    )  # fmt: skip
+    if RUNTIME_ROOT:
+        ours.env["PYTHONPATH"] = RUNTIME_ROOT
+    for server in (bare, ours):
+        server.startup = 180.0
+    return [bare, ours]
 
 
 CLIENT_BOUND = 0.9  # a load generator using this share of its cores limits the figure
@@ -480,25 +521,14 @@ def main() -> None:
     seconds = args.duration
     wrk_bin = ensure_wrk()
     work = Path(tempfile.mkdtemp(prefix="rl-bench-"))
-    script = work / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(BODY)}\n"
-    )
+    script = lua_post(work / "post.lua", BODY)
     body_file = work / "body.json"
     body_file.write_text(BODY)
     group_file = work / "group.json"
     group_file.write_text(group_body())
-    group_script = work / "group.lua"
-    group_script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(group_file.read_text())}\n"
-    )
-    big_group_script = work / "group32.lua"  # 64 trajectories of 32 KB: 2 MB a request
-    big_group_script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(group_body(answer_chars=32_000))}\n"
-    )
+    group_script = lua_post(work / "group.lua", group_file.read_text())
+    # 64 trajectories of 32 KB: 2 MB a request
+    big_group_script = lua_post(work / "group32.lua", group_body(answer_chars=32_000))
 
     def drive(connections: int, lua: Path = script) -> callable:  # type: ignore[valid-type]
         return lambda server: wrk(wrk_bin, server.url, connections, seconds, lua)
@@ -702,11 +732,7 @@ def main() -> None:
     llm.name = "stand-in LLM"
     llm.start()
     try:
-        rollout_script = work / "rollout.lua"
-        rollout_script.write_text(
-            'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-            f"wrk.body = {json.dumps(rollout_body(llm.url))}\n"
-        )
+        rollout_script = lua_post(work / "rollout.lua", rollout_body(llm.url))
         long_seconds = max(30.0, 3 * seconds)
 
         def hold(server: Server) -> dict[str, float]:
@@ -727,7 +753,20 @@ def main() -> None:
     finally:
         llm.stop()
 
-    report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, seconds, profiled, before)
+    s10: dict[str, dict[str, float]] = {}
+    ray = ray_python()
+    if ray is None:
+        print("scenario 10 skipped: no Python with Ray Serve (set RAY_PYTHON)", file=sys.stderr)
+    else:
+        print(
+            "scenario 10: the echo reward through Ray Serve's proxy, one replica", file=sys.stderr
+        )
+        workspace = work / "ray-workspace"  # only the functions travel to the replica
+        shutil.copytree(HERE / "functions", workspace / "functions")
+        for name, server in zip(("bare", "runtime"), ray_servers(ray, workspace), strict=True):
+            s10[name] = record("10 echo via Ray Serve", server, drive(32), warm(32))
+
+    report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, s10, seconds, profiled, before)
     Path(args.output).write_text(report)
     print(report)
     shutil.rmtree(work, ignore_errors=True)
@@ -738,7 +777,7 @@ def bound(*results: dict[str, float]) -> str:
     return " *client-bound*" if any(r.get("client_bound") for r in results) else ""
 
 
-def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, seconds, profiled, before=None) -> str:  # type: ignore[no-untyped-def]
+def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, s10, seconds, profiled, before=None) -> str:  # type: ignore[no-untyped-def]
     lines = [
         "# Benchmark results",
         "",
@@ -844,6 +883,16 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, seconds, profiled, before
         f"| scenario 9: runtime peak RSS MB; SDK | {s9['runtime']['rss_mb']:.0f}; "
         f"{s9['sdk']['rss_mb']:.0f} | < {TARGETS['long_rss_mb']:g} | "
         f"{verdict(s9['runtime']['rss_mb'] < TARGETS['long_rss_mb'])} |",
+        *(
+            [
+                f"| scenario 10: serve --ray / bare Ray Serve deployment, req/s (echo, one replica) | "
+                f"{s10['runtime']['rps'] / s10['bare']['rps']:.2f}{bound(s10['runtime'], s10['bare'])} | | |",
+                f"| scenario 10: serve --ray / served directly (scenario 1), req/s | "
+                f"{s10['runtime']['rps'] / s1['runtime']['rps']:.3f} | | |",
+            ]
+            if s10
+            else ["| scenario 10 (Ray Serve): not run, no Python with Ray (RAY_PYTHON) | | | |"]
+        ),
         f"| cold start: runtime / SDK | {cold_ratio:.2f} | <= {TARGETS['cold_ratio']:g} | "
         f"{verdict(cold_ratio <= TARGETS['cold_ratio'])} |",
         f"| peak RSS per worker: runtime / SDK | {rss_ratio:.2f} | <= {TARGETS['rss_ratio']:g} | "
@@ -866,6 +915,10 @@ def render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, seconds, profiled, before
         f"runtime runs with --concurrency {LONG_CONNECTIONS} and --max-connections "
         f"{LONG_CONNECTIONS + 100} (the defaults, 128 and 1024, would queue or refuse most of them);",
         "wrk opens its connections over the first seconds, so even the bare app stays under the bound.",
+        "Scenario 10 serves the echo on a local Ray cluster of its own, one replica (1 CPU), through",
+        "Serve's proxy: benchmarks/bare_ray.py (the bare app's echo as a plain Serve deployment)",
+        "against `serve --ray`; its RSS and server CPU are the driver's, not the replica's or the",
+        "proxy's.",
         "",
     ]
     if profiled:

@@ -1,8 +1,8 @@
 """The same processors, written against the DashScope SDK's bases (served by its server)."""
 
 import asyncio
+from typing import TYPE_CHECKING
 
-import aiohttp
 from dashscope.finetune.reinforcement import (
     AbstractGroupRewardProcessor,
     AbstractRewardProcessor,
@@ -17,6 +17,9 @@ from dashscope.finetune.reinforcement import (
     RolloutInput,
     RolloutOutput,
 )
+
+if TYPE_CHECKING:  # imported by the rollout's first call: not in the cold start of the
+    import aiohttp  # echo rewards, which this module also serves
 
 
 class EchoReward(AbstractRewardProcessor):
@@ -47,10 +50,12 @@ class LongRollout(AbstractRolloutProcessor):
     aiohttp: with httpx's pool at 5,000 connections the bare app served 2 req/s here, its
     core saturated."""
 
-    llm: aiohttp.ClientSession | None = None
+    llm: "aiohttp.ClientSession | None" = None
 
     async def process(self, input_data: RolloutInput) -> RolloutOutput:
         if self.llm is None:  # one pool for every rollout: thousands of connections at once
+            import aiohttp
+
             self.llm = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         url = f"{input_data.model_resource.base_url}/chat/completions"
         async with self.llm.post(url, json={"messages": input_data.messages}) as answer:
