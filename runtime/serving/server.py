@@ -167,7 +167,7 @@ def settle_garbage_collector() -> None:
     """Once the function is ready (setup() done), what startup left (modules, the user's
     setup() objects) leaves the cyclic collector's sight: a full collection no longer walks
     it. Under load, full collections are frequent (the objects of the requests in flight
-    keep being promoted): walking startup's objects cost a fifth of a 64 x 3 KB group
+    keep being promoted): walking startup's objects cost 22 to 24% of a 64 x 3 KB group
     reward's time and a tenth of the echo reward's (benchmarks/inprocess.py --http).
     Startup's garbage is collected once first. The thresholds stay CPython's: raised to
     10,000 young objects they gained a little more but let a worker holding 5,000
