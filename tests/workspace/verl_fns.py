@@ -1,4 +1,4 @@
-"""A reward for verl's batch reward manager test (tests/trainers/test_verl_batch.py).
+"""Rewards for the tests of verl's own reward managers (tests/trainers/test_verl_own_code.py).
 
 ``VerlBatchReward`` scores the answer's number when it equals the ground truth (else 0.0), so
 every sample of a batch has a score of its own; its metrics say which sample
@@ -43,3 +43,9 @@ class VerlBatchReward(AbstractRewardProcessor):
             "has_rollout_scores": 1.0 if "rollout_reward_scores" in info else 0.0,
         }
         return RewardOutput(reward=Reward(reward_score=score, reward_metrics=metrics))
+
+
+class VerlDeclaredReward(VerlBatchReward):
+    """The same, with its metric names declared: known before any sample has succeeded."""
+
+    metric_names = ("index", "gsm8k", "has_rollout_scores")

@@ -1,32 +1,37 @@
-"""verl 0.9.1's own ``BatchRewardManager`` (``reward_manager=batch``) scoring through
-``verl_compute_score_batch`` against a real served function (issue 22).
+"""verl 0.9.1's own reward managers scoring through the runtime's hooks against a real
+served function (issue 22):
+
+- ``BatchRewardManager`` (``reward_manager=batch``) with ``verl_compute_score_batch``;
+- the legacy ``NaiveRewardManager`` (``verl.workers.reward_manager``, the trainer's default
+  up to 0.6) with ``verl_compute_score_sync``, one sample at a time;
+- the reward loop's ``NaiveRewardManager`` (``verl.experimental.reward_loop``, the trainer's
+  from 0.7) with the async ``verl_compute_score``, its ``run_single`` per sample.
 
 verl's code comes from its wheel (``TRAINER_WHEELS``, see ``trainer_wheels.py``), imported
-from the wheel itself:
-its reward-manager registry, abstract class and batch manager, without running
-``verl/__init__.py`` (which pulls in ray, tensordict and transformers). Torch is used when
-installed; without it, a numpy stand-in of the few torch calls the manager makes, and a
-stand-in of verl's ``DataProto`` (which needs tensordict) holding what the manager reads.
-Without the wheel these tests skip, saying so.
-
-In 0.9.1 the manager is the one ``verl.workers.reward_manager`` registers as ``batch``;
-verl's trainer reaches that registry through ``reward_model.reward_manager=batch`` up to
-0.6 (its batch manager's scoring is the same there), and from 0.7 through its reward loop,
-which has no ``batch`` manager.
+from the wheel itself: the managers' registries, bases and managers, without running the
+packages' ``__init__`` (which pull in ray, tensordict and transformers). Torch is used when
+installed; without it, a numpy stand-in of the few torch calls the managers make, and a
+stand-in of verl's ``DataProto`` (which needs tensordict) holding what they read. Where
+ray, omegaconf or transformers are missing, an empty module stands for each: verl's modules
+here import them only for names used at call time or in annotations. Without the wheel
+these tests skip, saying so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import sys
 import types
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +45,24 @@ from processors_base.trainer_hooks import verl_compute_score_batch
 
 VERL_VERSION = "0.9.1"  # the release these tests prove
 pytestmark = needs_wheel("verl", VERL_VERSION)
-PACKAGES = ("verl", "verl.workers", "verl.workers.reward_manager")
+# the packages imported without their __init__: no ray, no transformers
+PACKAGES = (
+    "verl",
+    "verl.utils",
+    "verl.trainer",
+    "verl.trainer.ppo",
+    "verl.workers",
+    "verl.workers.reward_manager",
+    "verl.experimental",
+    "verl.experimental.reward_loop",
+    "verl.experimental.reward_loop.reward_manager",
+)
+# imported by those modules for names used only at call time, or in annotations
+STAND_INS: dict[str, dict[str, Any]] = {
+    "ray": {},
+    "omegaconf": {"DictConfig": dict},
+    "transformers": {"AutoTokenizer": object},
+}
 
 
 # --- verl from its wheel -----------------------------------------------------------------
@@ -76,8 +98,8 @@ class DataProtoItem:
 
 @dataclass
 class DataProto:
-    """verl.protocol.DataProto's fields, and its ``len``, ``[int]`` (so iteration) and
-    ``from_dict`` as the batch manager uses them; ``batch`` a dict where verl has a
+    """verl.protocol.DataProto's fields, and its ``len``, ``[int]`` (so iteration), ``[slice]``
+    and ``from_dict`` as the managers use them; ``batch`` a dict where verl has a
     TensorDict (which needs tensordict)."""
 
     batch: dict[str, Any]
@@ -93,9 +115,11 @@ class DataProto:
     def __len__(self) -> int:
         return len(self.batch["responses"])
 
-    def __getitem__(self, item: int) -> DataProtoItem:  # IndexError past the end, as verl's
+    def __getitem__(self, item: int | slice) -> Any:  # IndexError past the end, as verl's
         batch = {key: value[item] for key, value in self.batch.items()}
         non_tensor = {key: value[item] for key, value in self.non_tensor_batch.items()}
+        if isinstance(item, slice):  # those samples, as a DataProto (the reward loop's)
+            return DataProto(batch, non_tensor, self.meta_info)
         return DataProtoItem(batch, non_tensor, self.meta_info)
 
 
@@ -105,7 +129,11 @@ class Verl:
     torch: Any
     DataProto: Any
     BatchRewardManager: Any
+    NaiveRewardManager: Any  # the legacy one
     get_reward_manager_cls: Any
+    LoopNaiveRewardManager: Any  # the reward loop's
+    get_loop_reward_manager_cls: Any
+    get_custom_reward_fn: Any  # how verl's trainer loads custom_reward_function
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +152,13 @@ def verl() -> Iterator[Verl]:
         except ImportError:
             torch, real_torch = _numpy_torch(), False
             patch.setitem(sys.modules, "torch", torch)
+        for name, names in STAND_INS.items():
+            if importlib.util.find_spec(name) is None:
+                stand_in = types.ModuleType(name)
+                stand_in.__dict__.update(names)
+                patch.setitem(sys.modules, name, stand_in)
         packages = {}
-        for name in PACKAGES:  # the packages without their __init__: no ray, no transformers
+        for name in PACKAGES:
             package = types.ModuleType(name)
             package.__path__ = [f"{wheel}/{name.replace('.', '/')}"]
             packages[name] = package
@@ -145,14 +178,26 @@ def verl() -> Iterator[Verl]:
         manager.__dict__.update(
             register=registry.register, get_reward_manager_cls=registry.get_reward_manager_cls
         )
+        # and the reward loop's registry (its __init__ imports every manager, some need ray)
+        loop_registry = importlib.import_module(
+            "verl.experimental.reward_loop.reward_manager.registry"
+        )
+        packages["verl.experimental.reward_loop.reward_manager"].__dict__.update(
+            register=loop_registry.register,
+            get_reward_manager_cls=loop_registry.get_reward_manager_cls,
+        )
         try:
-            batch = importlib.import_module("verl.workers.reward_manager.batch")
+            module = importlib.import_module
             yield Verl(
                 version,
                 torch,
                 data_proto,
-                batch.BatchRewardManager,
+                module("verl.workers.reward_manager.batch").BatchRewardManager,
+                module("verl.workers.reward_manager.naive").NaiveRewardManager,
                 registry.get_reward_manager_cls,
+                module("verl.experimental.reward_loop.reward_manager.naive").NaiveRewardManager,
+                loop_registry.get_reward_manager_cls,
+                module("verl.trainer.ppo.reward").get_custom_reward_fn,
             )
         finally:
             for name in set(sys.modules) - before:
@@ -227,7 +272,7 @@ def server() -> Iterator[Server]:
 
 
 def test_verl_0_9_1_batch_manager_puts_the_servers_scores_in_its_reward_tensor(
-    verl: Verl, server: Server, caplog: pytest.LogCaptureFixture
+    verl: Verl, server: Server, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     assert verl.version == VERL_VERSION
     assert verl.get_reward_manager_cls("batch") is verl.BatchRewardManager  # the name verl reads
@@ -247,9 +292,8 @@ def test_verl_0_9_1_batch_manager_puts_the_servers_scores_in_its_reward_tensor(
     manager = verl.BatchRewardManager(
         tokenizer=CharTokenizer(),
         num_examine=0,
-        compute_score=verl_compute_score_batch,
+        compute_score=custom_reward_fn(verl, tmp_path, "verl_compute_score_batch", url),
         reward_fn_key="data_source",
-        url=url,
     )
     data = verl_batch(verl, samples)
     caplog.set_level(logging.WARNING, logger="processors_base.client")
@@ -306,3 +350,107 @@ def test_verl_0_9_1_batch_manager_survives_a_server_that_is_down(verl: Verl) -> 
     out = manager(verl_batch(verl, samples), return_dict=True)
     assert not np.asarray(out["reward_tensor"]).any()
     assert out["reward_extra_info"] == {"score": [0.0] * 3, "reward_failed": [1.0] * 3}
+
+
+# --- the naive managers: one sample at a time, the first one failing ---------------------
+
+# The failing sample comes first: the hook has seen no answer, no metric name, before it.
+FIRST_FAILS = [
+    Sample("RAISE", "1"),
+    Sample("0.25", "0.25"),
+    Sample("0.5", "0.75", data_source="math"),  # wrong: 0.0, not failed
+    Sample("1", "1"),
+]
+SERVED = [0.0, 0.25, 0.0, 1.0]
+DECLARED = {"score", "reward_failed", "index", "gsm8k", "has_rollout_scores"}
+
+
+@pytest.fixture(scope="module")
+def declared() -> Iterator[Server]:
+    """A function that declares its metric names (known before any sample succeeds)."""
+    server = Server("workspace.verl_fns:VerlDeclaredReward")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+
+
+def custom_reward_fn(verl: Verl, tmp_path: Path, hook: str, url: str) -> Any:
+    """What verl's trainer makes of ``custom_reward_function`` as docs/trainers.md sets it:
+    a file naming the hook ``compute_score``, ``reward_kwargs.url``."""
+    path = tmp_path / "remote_reward.py"
+    path.write_text(f"from processors_base.trainer_hooks import {hook}\n\ncompute_score = {hook}\n")
+    config = types.SimpleNamespace(
+        reward={
+            "custom_reward_function": {
+                "path": str(path),
+                "name": "compute_score",
+                "reward_kwargs": {"url": url},
+            }
+        }
+    )
+    return verl.get_custom_reward_fn(config)
+
+
+def test_verl_0_9_1_legacy_naive_manager_has_every_key_when_the_first_sample_fails(
+    verl: Verl, declared: Server, tmp_path: Path
+) -> None:
+    assert verl.get_reward_manager_cls("naive") is verl.NaiveRewardManager
+    # a URL no other test's hook has used: its client has seen nothing yet
+    compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score_sync", declared.url)
+    manager = verl.NaiveRewardManager(CharTokenizer(), 0, compute_score)
+    out = manager(verl_batch(verl, FIRST_FAILS), return_dict=True)
+    info = out["reward_extra_info"]
+    # verl's trainer makes a column of each key: one value a sample, or its assertion fails
+    assert set(info) == DECLARED
+    assert all(len(values) == len(FIRST_FAILS) for values in info.values()), info
+    assert info["score"] == SERVED
+    assert info["reward_failed"] == [1.0, 0.0, 0.0, 0.0]
+    assert info["index"] == [0.0, 1.0, 2.0, 3.0]  # the failed sample's: 0.0
+    rows = np.asarray(out["reward_tensor"]).tolist()
+    width = len(rows[0])
+    for row, s, score in zip(rows, FIRST_FAILS, SERVED, strict=True):
+        end = len(s.solution)
+        assert row == [0.0] * (end - 1) + [score] + [0.0] * (width - end), s
+
+
+def test_verl_0_9_1_reward_loop_gives_every_sample_the_first_samples_keys(
+    verl: Verl, declared: Server, tmp_path: Path
+) -> None:
+    assert verl.get_loop_reward_manager_cls("naive") is verl.LoopNaiveRewardManager
+    url = declared.url + "/"  # a client of its own, as above
+    compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score", url)
+    assert inspect.iscoroutinefunction(compute_score)  # awaited by the manager, not threaded
+    data = verl_batch(verl, FIRST_FAILS)
+
+    async def run() -> list[dict[str, Any]]:
+        manager = verl.LoopNaiveRewardManager({}, CharTokenizer(), compute_score)
+        # as the reward loop's worker does, a sample at a time (the first one first here)
+        return [await manager.run_single(data[i : i + 1]) for i in range(len(data))]
+
+    results = asyncio.run(run())
+    assert [r["reward_score"] for r in results] == SERVED
+    infos = [r["reward_extra_info"] for r in results]
+    # the loop stacks every sample's extra info by the first sample's keys: the failed
+    # first sample has every key, so none is dropped for the batch
+    assert all(set(info) == DECLARED for info in infos), infos
+    assert [info["reward_failed"] for info in infos] == [1.0, 0.0, 0.0, 0.0]
+    assert [info["index"] for info in infos] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_verl_0_9_1_reward_loop_survives_a_server_that_is_down(verl: Verl, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score", url)
+    data = verl_batch(verl, FIRST_FAILS[1:])
+
+    async def run() -> list[dict[str, Any]]:
+        manager = verl.LoopNaiveRewardManager({}, CharTokenizer(), compute_score)
+        return list(
+            await asyncio.gather(*(manager.run_single(data[i : i + 1]) for i in range(len(data))))
+        )
+
+    results = asyncio.run(run())
+    assert [r["reward_score"] for r in results] == [0.0] * 3
+    # no name could be learned from a server that never answered: the same two keys each
+    assert [r["reward_extra_info"] for r in results] == [{"score": 0.0, "reward_failed": 1.0}] * 3
