@@ -222,6 +222,7 @@ class Sample:
     ground_truth: str
     data_source: str = "openai/gsm8k"
     hold: bool = False
+    sleep: float = 0.0  # seconds the function takes
 
 
 def verl_batch(verl: Verl, samples: list[Sample]) -> Any:
@@ -251,7 +252,10 @@ def verl_batch(verl: Verl, samples: list[Sample]) -> Any:
             [{"style": "rule", "ground_truth": s.ground_truth} for s in samples], dtype=object
         ),
         "extra_info": np.array(
-            [{"index": i, "split": "train", "hold": s.hold} for i, s in enumerate(samples)],
+            [
+                {"index": i, "split": "train", "hold": s.hold, "sleep": s.sleep}
+                for i, s in enumerate(samples)
+            ],
             dtype=object,
         ),
     }
@@ -358,10 +362,14 @@ def test_verl_0_9_1_batch_manager_survives_a_server_that_is_down(verl: Verl) -> 
 FIRST_FAILS = [
     Sample("RAISE", "1"),
     Sample("0.25", "0.25"),
+    Sample("FAILED", "1"),  # a failed result
     Sample("0.5", "0.75", data_source="math"),  # wrong: 0.0, not failed
+    Sample("1", "1", sleep=30),  # past the hook's timeout
     Sample("1", "1"),
 ]
-SERVED = [0.0, 0.25, 0.0, 1.0]
+SERVED = [0.0, 0.25, 0.0, 0.0, 0.0, 1.0]
+FAILED = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+HOOK_TIMEOUT = 1.0  # seconds: +custom_reward_function.reward_kwargs.timeout=1
 DECLARED = {"score", "reward_failed", "index", "gsm8k", "has_rollout_scores"}
 
 
@@ -376,9 +384,9 @@ def declared() -> Iterator[Server]:
         server.close()
 
 
-def custom_reward_fn(verl: Verl, tmp_path: Path, hook: str, url: str) -> Any:
+def custom_reward_fn(verl: Verl, tmp_path: Path, hook: str, url: str, **kwargs: Any) -> Any:
     """What verl's trainer makes of ``custom_reward_function`` as docs/trainers.md sets it:
-    a file naming the hook ``compute_score``, ``reward_kwargs.url``."""
+    a file naming the hook ``compute_score``, ``reward_kwargs.url`` (and ``kwargs``)."""
     path = tmp_path / "remote_reward.py"
     path.write_text(f"from processors_base.trainer_hooks import {hook}\n\ncompute_score = {hook}\n")
     config = types.SimpleNamespace(
@@ -386,7 +394,7 @@ def custom_reward_fn(verl: Verl, tmp_path: Path, hook: str, url: str) -> Any:
             "custom_reward_function": {
                 "path": str(path),
                 "name": "compute_score",
-                "reward_kwargs": {"url": url},
+                "reward_kwargs": {"url": url, **kwargs},
             }
         }
     )
@@ -398,7 +406,9 @@ def test_verl_0_9_1_legacy_naive_manager_has_every_key_when_the_first_sample_fai
 ) -> None:
     assert verl.get_reward_manager_cls("naive") is verl.NaiveRewardManager
     # a URL no other test's hook has used: its client has seen nothing yet
-    compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score_sync", declared.url)
+    compute_score = custom_reward_fn(
+        verl, tmp_path, "verl_compute_score_sync", declared.url, timeout=HOOK_TIMEOUT
+    )
     manager = verl.NaiveRewardManager(CharTokenizer(), 0, compute_score)
     out = manager(verl_batch(verl, FIRST_FAILS), return_dict=True)
     info = out["reward_extra_info"]
@@ -406,8 +416,8 @@ def test_verl_0_9_1_legacy_naive_manager_has_every_key_when_the_first_sample_fai
     assert set(info) == DECLARED
     assert all(len(values) == len(FIRST_FAILS) for values in info.values()), info
     assert info["score"] == SERVED
-    assert info["reward_failed"] == [1.0, 0.0, 0.0, 0.0]
-    assert info["index"] == [0.0, 1.0, 2.0, 3.0]  # the failed sample's: 0.0
+    assert info["reward_failed"] == FAILED
+    assert info["index"] == [0.0, 1.0, 0.0, 3.0, 0.0, 5.0]  # a failed sample's: 0.0
     rows = np.asarray(out["reward_tensor"]).tolist()
     width = len(rows[0])
     for row, s, score in zip(rows, FIRST_FAILS, SERVED, strict=True):
@@ -420,7 +430,9 @@ def test_verl_0_9_1_reward_loop_gives_every_sample_the_first_samples_keys(
 ) -> None:
     assert verl.get_loop_reward_manager_cls("naive") is verl.LoopNaiveRewardManager
     url = declared.url + "/"  # a client of its own, as above
-    compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score", url)
+    compute_score = custom_reward_fn(
+        verl, tmp_path, "verl_compute_score", url, timeout=HOOK_TIMEOUT
+    )
     assert inspect.iscoroutinefunction(compute_score)  # awaited by the manager, not threaded
     data = verl_batch(verl, FIRST_FAILS)
 
@@ -435,14 +447,14 @@ def test_verl_0_9_1_reward_loop_gives_every_sample_the_first_samples_keys(
     # the loop stacks every sample's extra info by the first sample's keys: the failed
     # first sample has every key, so none is dropped for the batch
     assert all(set(info) == DECLARED for info in infos), infos
-    assert [info["reward_failed"] for info in infos] == [1.0, 0.0, 0.0, 0.0]
-    assert [info["index"] for info in infos] == [0.0, 1.0, 2.0, 3.0]
+    assert [info["reward_failed"] for info in infos] == FAILED
+    assert [info["index"] for info in infos] == [0.0, 1.0, 0.0, 3.0, 0.0, 5.0]
 
 
 def test_verl_0_9_1_reward_loop_survives_a_server_that_is_down(verl: Verl, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     compute_score = custom_reward_fn(verl, tmp_path, "verl_compute_score", url)
-    data = verl_batch(verl, FIRST_FAILS[1:])
+    data = verl_batch(verl, FIRST_FAILS[1:4])
 
     async def run() -> list[dict[str, Any]]:
         manager = verl.LoopNaiveRewardManager({}, CharTokenizer(), compute_score)

@@ -2,7 +2,8 @@
 
 ``VerlBatchReward`` scores the answer's number when it equals the ground truth (else 0.0), so
 every sample of a batch has a score of its own; its metrics say which sample
-(``extra_info.index``) it was given and what verl added to it. ``RAISE`` raises. A sample
+(``extra_info.index``) it was given and what verl added to it. ``RAISE`` raises, ``FAILED``
+answers a failed result. A sample
 whose ``extra_info`` says ``hold`` waits (at most 60 s) for a ``RELEASE`` request, so that
 a test can have a failed sample's result read before any other's; one whose ``extra_info``
 says ``sleep`` takes that many seconds.
@@ -13,7 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from processors_base import AbstractRewardProcessor, Reward, RewardInput, RewardOutput
+from processors_base import (
+    AbstractRewardProcessor,
+    Reward,
+    RewardInput,
+    RewardOutput,
+    TaskStatus,
+)
 
 
 class VerlBatchReward(AbstractRewardProcessor):
@@ -28,6 +35,9 @@ class VerlBatchReward(AbstractRewardProcessor):
             return RewardOutput(reward=Reward(reward_score=0.0))
         if answer == "RAISE":
             raise ValueError("the judge broke")
+        if answer == "FAILED":
+            failed = RewardOutput(reward=Reward(reward_score=0.0), status=TaskStatus.FAILED)
+            return failed.model_copy(update={"error": "the sandbox was down"})
         extra = input_data.agent_output.rollout_extra or {}
         info = extra.get("extra_info") or {}
         if info.get("sleep"):  # a judge that takes this long
