@@ -33,7 +33,8 @@ class BareEcho:
 def main() -> None:
     port = int(sys.argv[1])
     stop = threading.Event()
-    ray.init(include_dashboard=False, logging_level="WARNING")
+    # "local": a cluster of its own, never one `ray start` left on this machine
+    ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     # after ray.init, which puts in a SIGTERM handler of its own
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -72,7 +72,8 @@ def serve_on_ray(settings: Settings) -> int:
             if joined:
                 ray.init(runtime_env=runtime_env, logging_level=logging.WARNING)
             else:
-                ray.init(
+                ray.init(  # "local": a cluster of its own, never one `ray start` left here
+                    address="local",
                     runtime_env=runtime_env,
                     include_dashboard=False,
                     logging_level=logging.WARNING,

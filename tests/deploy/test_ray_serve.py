@@ -39,12 +39,16 @@ pytestmark = [
         "in RAY_PYTHON (.ci/run does)",
     ),
 ]
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+# No usage reports; no token auth (Ray 2.60 turns it on for a local cluster and writes
+# ~/.ray/auth_token, which a later `ray start` then requires of every driver)
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 @contextlib.contextmanager
-def ray_cluster() -> Iterator[str]:
-    """``ray start --head`` on loopback with 2 CPUs; its address. Stopped and gone after."""
+def ray_cluster() -> Iterator[tuple[str, str]]:
+    """``ray start --head`` on loopback with 2 CPUs; its address, and the directory that
+    holds its temp dir (``ray``, with the address file a driver reads when it looks for a
+    cluster on the machine: set RAY_TMPDIR to it). Stopped and gone after."""
     assert RAY_PYTHON is not None
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must be short
     port = free_port()
@@ -64,7 +68,7 @@ def ray_cluster() -> Iterator[str]:
             "--node-ip-address",
             "127.0.0.1",
             "--temp-dir",
-            temp,
+            f"{temp}/ray",
         ],
         env={**os.environ, **RAY_ENV},
         stdout=log,
@@ -79,7 +83,7 @@ def ray_cluster() -> Iterator[str]:
                 break
             assert time.monotonic() < deadline, "the Ray head did not listen"
             time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", temp
     finally:
         head.send_signal(signal.SIGTERM)  # --block: stops the processes it started
         try:
@@ -124,7 +128,7 @@ def answer_pid(client: httpx.Client) -> int:
 
 
 def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
-    with ray_cluster() as address:
+    with ray_cluster() as (address, _):
         server = Server(
             "workspace.trainer_fns:PidReward",
             "--ray",
@@ -245,7 +249,7 @@ def pid_of(answer: httpx.Response) -> int:
 
 def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_cleanly() -> None:
     # every thread stuck: /health says unhealthy, and so must Serve's health check
-    with ray_cluster() as address:
+    with ray_cluster() as (address, _):
         server = Server(
             "workspace.trainer_fns:PidHangReward",
             "--ray",
@@ -314,3 +318,37 @@ def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_clea
             assert not [a for a in live_serve_actors(address) if "REPLICA" in a]
         finally:
             slow.close()
+
+
+def test_without_ray_address_it_starts_a_cluster_of_its_own() -> None:
+    """A cluster already on the machine (``ray start``: where a driver looks first) is
+    neither joined nor touched: its Serve application still runs after this one stopped."""
+    with ray_cluster() as (address, temp):
+        other = (
+            f"serve.start(http_options={{'host': '127.0.0.1', 'port': {free_port()}}})\n"
+            "@serve.deployment(ray_actor_options={'num_cpus': 0.1})\n"
+            "class Other:\n"
+            "    def __call__(self, request):\n"
+            "        return 'other'\n"
+            "serve.run(Other.bind(), name='other', route_prefix='/other')\n"
+        )
+        ray_script(address, other)
+        applications = "print(sorted(serve.status().applications))"
+        server = Server(
+            "workspace.trainer_fns:PidReward",
+            "--ray",
+            "--replicas",
+            "1",
+            "--ray-replica-cpus",
+            "0.5",
+            python=RAY_PYTHON or sys.executable,
+            env={**RAY_ENV, "RAY_TMPDIR": temp},  # that cluster is the machine's current one
+        )
+        try:
+            server.wait_ready(timeout=240)
+            answer_pid(server.client)
+            assert ray_script(address, applications).split() == ["['other']"]  # not there
+            assert server.terminate(120) == 0
+        finally:
+            server.close()
+        assert ray_script(address, applications).split() == ["['other']"]  # still there
