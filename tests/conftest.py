@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
@@ -67,13 +68,16 @@ def free_port() -> int:
     not enough: a port is free again once the probe closes, and two xdist workers were once
     handed the same one, so a test talked to another test's server. The next port comes
     from a counter in a locked file shared by every process of the run (workers and the
-    helpers they start); one still in use is skipped."""
+    helpers they start); one still in use is skipped. A new counter starts at a random
+    place, so that runs from two checkouts at once do not walk the same ports."""
     PORT_COUNTER.parent.mkdir(exist_ok=True)
-    with open(PORT_COUNTER, "a+") as counter:
+    descriptor = os.open(PORT_COUNTER, os.O_RDWR | os.O_CREAT, 0o644)
+    with open(descriptor, "r+") as counter:
         fcntl.flock(counter, fcntl.LOCK_EX)  # released when the file closes
-        counter.seek(0)
-        text = counter.read()
-        start = int(text) if text.isdigit() else 0
+        try:
+            start = int(counter.read(5))
+        except ValueError:  # new, or cut short
+            start = random.randrange(len(PORTS))
         for step in range(len(PORTS)):
             port = PORTS[(start + step) % len(PORTS)]
             with socket.socket() as sock:
@@ -82,8 +86,7 @@ def free_port() -> int:
                 except OSError:
                     continue
             counter.seek(0)
-            counter.truncate()
-            counter.write(str((start + step + 1) % len(PORTS)))
+            counter.write(f"{(start + step + 1) % len(PORTS):05d}")  # in place: no truncation
             return port
     raise RuntimeError(f"no free port in {PORTS}")
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+def started(target: str, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A served function, ready; closed after (``yield from started(...)`` in a fixture)."""
+    server = Server(target, *args, env=env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
 
 
 def metric(text: str, name: str, labels: str = "") -> float:

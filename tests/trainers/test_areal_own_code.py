@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import Server, free_port
+from helpers import started
 from trainer_wheels import load_module, needs_wheel, wheel
 
 from processors_base.trainer_hooks import AReaLReward
@@ -61,12 +62,7 @@ def areal() -> Iterator[types.ModuleType]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server(TARGET, "--timeout", "30")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started(TARGET, "--timeout", "30")
 
 
 def _score(wrapper: Any, completion: str, **data: Any) -> Any:

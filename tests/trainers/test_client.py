@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import Server, free_port
-from helpers import metric_sample, wait_for
+from helpers import metric_sample, started, wait_for
 
 from processors_base.client import RewardClient
 from processors_base.trainer_hooks import (
@@ -30,12 +30,7 @@ ANSWER = [{"role": "assistant", "content": "42"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server(TARGET, "--timeout", "3")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started(TARGET, "--timeout", "3")
 
 
 async def test_score_and_failure_reason(server: Server) -> None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 from conftest import TESTS, Server
-from helpers import RawServer, http, send
+from helpers import RawServer, http, send, started
 from test_trainers import PROMPT, gym_row, openrlhf, slime
 
 from processors_base.client import RewardClient
@@ -51,12 +51,7 @@ class Paths(httpx.AsyncBaseTransport):
 @pytest.fixture
 def server() -> Iterator[Server]:
     """A fresh server per test: its first request is the one under test."""
-    server = Server("workspace.declared_fns:DeclaredReward", "--trainer-timeout", "5")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started("workspace.declared_fns:DeclaredReward", "--trainer-timeout", "5")
 
 
 async def test_a_first_failure_carries_every_declared_name(server: Server) -> None:

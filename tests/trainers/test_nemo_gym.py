@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import Server
+from helpers import started
 from test_trainers import gym_row
 
 from runtime.serving.gym_metrics import aggregate_metrics, t_quantile_975
@@ -17,12 +18,7 @@ from runtime.serving.gym_metrics import aggregate_metrics, t_quantile_975
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server("workspace.gym_fns:GymReward", "--trainer-timeout", "4")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started("workspace.gym_fns:GymReward", "--trainer-timeout", "4")
 
 
 def test_seed_and_close_sessions(server: Server) -> None:

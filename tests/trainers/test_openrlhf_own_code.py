@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Server, free_port
+from helpers import started
 from trainer_wheels import load_module, needs_wheel, wheel
 
 OPENRLHF_VERSION = "0.11.2"  # the release these tests prove
@@ -66,12 +67,7 @@ def agent() -> types.ModuleType:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server(TARGET, "--timeout", "2")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started(TARGET, "--timeout", "2")
 
 
 def execute(agent: types.ModuleType, url: str, response: str, label: str = "42") -> Any:

@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 from conftest import Server
+from helpers import started
 
 from processors_base import (
     AbstractRewardProcessor,
@@ -34,12 +35,7 @@ OWN_CODE = "workspace.attack_fns:OwnCodeReward"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server(OWN_CODE)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started(OWN_CODE)
 
 
 def _worst_health_while(server: Server, path: str, body: bytes) -> tuple[httpx.Response, float]:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Server, reward_body
-from helpers import wait_for
+from helpers import started, wait_for
 
 from runtime.config import Settings
 
@@ -36,12 +36,7 @@ PROMPT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 def _started(
     *args: str, target: str = TARGET, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
-    server = Server(target, *args, env=env)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    return started(target, *args, env=env)
 
 
 @pytest.fixture(scope="module")

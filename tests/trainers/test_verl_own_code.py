@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import Server, free_port
-from helpers import wait_for
+from helpers import started, wait_for
 from trainer_wheels import needs_wheel
 from trainer_wheels import wheel as trainer_wheel
 
@@ -267,12 +267,7 @@ def verl_batch(verl: Verl, samples: list[Sample]) -> Any:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    server = Server("workspace.verl_fns:VerlBatchReward")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started("workspace.verl_fns:VerlBatchReward")
 
 
 def test_verl_0_9_1_batch_manager_puts_the_servers_scores_in_its_reward_tensor(
@@ -376,12 +371,7 @@ DECLARED = {"score", "reward_failed", "index", "gsm8k", "has_rollout_scores"}
 @pytest.fixture(scope="module")
 def declared() -> Iterator[Server]:
     """A function that declares its metric names (known before any sample succeeds)."""
-    server = Server("workspace.verl_fns:VerlDeclaredReward")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from started("workspace.verl_fns:VerlDeclaredReward")
 
 
 def custom_reward_fn(verl: Verl, tmp_path: Path, hook: str, url: str, **kwargs: Any) -> Any:
@@ -438,14 +428,15 @@ def test_verl_0_9_1_reward_loop_gives_every_sample_the_first_samples_keys(
 
     async def run() -> list[dict[str, Any]]:
         manager = verl.LoopNaiveRewardManager({}, CharTokenizer(), compute_score)
-        # as the reward loop's worker does, a sample at a time (the first one first here)
-        return [await manager.run_single(data[i : i + 1]) for i in range(len(data))]
+        # as the reward loop's worker does: each sample alone, all at once
+        samples = [manager.run_single(data[i : i + 1]) for i in range(len(data))]
+        return list(await asyncio.gather(*samples))
 
     results = asyncio.run(run())
     assert [r["reward_score"] for r in results] == SERVED
     infos = [r["reward_extra_info"] for r in results]
-    # the loop stacks every sample's extra info by the first sample's keys: the failed
-    # first sample has every key, so none is dropped for the batch
+    # the loop's manager stacks every sample's extra info by the first sample's keys: the
+    # failed first sample has every key, so none would be dropped for the batch
     assert all(set(info) == DECLARED for info in infos), infos
     assert [info["reward_failed"] for info in infos] == FAILED
     assert [info["index"] for info in infos] == [0.0, 1.0, 0.0, 3.0, 0.0, 5.0]
