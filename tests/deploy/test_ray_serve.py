@@ -128,7 +128,7 @@ def answer_pid(client: httpx.Client) -> int:
 
 
 def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
-    with ray_cluster() as (address, _):
+    with ray_cluster() as (address, temp):
         server = Server(
             "workspace.trainer_fns:PidReward",
             "--ray",
@@ -233,6 +233,29 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             assert "an application named PidReward already runs" in second.stdout
             assert client.get("/health").status_code == 200
 
+            # without RAY_ADDRESS, where this cluster is the machine's (as `ray start` leaves
+            # one, where a driver looks first): a cluster of its own, and after it stopped
+            # the application here still runs (it once joined, and deleted it on leaving)
+            own = Server(
+                "workspace.trainer_fns:PidReward",
+                "--ray",
+                "--replicas",
+                "1",
+                "--ray-replica-cpus",
+                "0.5",
+                python=RAY_PYTHON or sys.executable,
+                env={**RAY_ENV, "RAY_TMPDIR": temp},
+            )
+            try:
+                own.wait_ready(timeout=240)
+                answer_pid(own.client)
+                assert own.terminate(timeout=120) == 0, own.output()[-5000:]
+            finally:
+                own.close()
+            applications = "print(sorted(serve.status().applications))"
+            assert ray_script(address, applications).split() == ["['PidReward']"]
+            assert answer_pid(client) in pids | new
+
             # SIGTERM deletes the application: no replica is left
             assert server.terminate(timeout=120) == 0, server.output()[-5000:]
             assert not [a for a in live_serve_actors(address) if "REPLICA" in a]
@@ -318,37 +341,3 @@ def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_clea
             assert not [a for a in live_serve_actors(address) if "REPLICA" in a]
         finally:
             slow.close()
-
-
-def test_without_ray_address_it_starts_a_cluster_of_its_own() -> None:
-    """A cluster already on the machine (``ray start``: where a driver looks first) is
-    neither joined nor touched: its Serve application still runs after this one stopped."""
-    with ray_cluster() as (address, temp):
-        other = (
-            f"serve.start(http_options={{'host': '127.0.0.1', 'port': {free_port()}}})\n"
-            "@serve.deployment(ray_actor_options={'num_cpus': 0.1})\n"
-            "class Other:\n"
-            "    def __call__(self, request):\n"
-            "        return 'other'\n"
-            "serve.run(Other.bind(), name='other', route_prefix='/other')\n"
-        )
-        ray_script(address, other)
-        applications = "print(sorted(serve.status().applications))"
-        server = Server(
-            "workspace.trainer_fns:PidReward",
-            "--ray",
-            "--replicas",
-            "1",
-            "--ray-replica-cpus",
-            "0.5",
-            python=RAY_PYTHON or sys.executable,
-            env={**RAY_ENV, "RAY_TMPDIR": temp},  # that cluster is the machine's current one
-        )
-        try:
-            server.wait_ready(timeout=240)
-            answer_pid(server.client)
-            assert ray_script(address, applications).split() == ["['other']"]  # not there
-            assert server.terminate(120) == 0
-        finally:
-            server.close()
-        assert ray_script(address, applications).split() == ["['other']"]  # still there
