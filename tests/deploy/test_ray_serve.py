@@ -95,6 +95,13 @@ def ray_cluster() -> Iterator[tuple[str, str]]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
+def on_ray(target: str, *args: str, **env: str) -> Server:
+    """``serve TARGET --ray ARGS`` in Ray's Python, with RAY_ENV and ``env``."""
+    return Server(
+        target, "--ray", *args, python=RAY_PYTHON or sys.executable, env={**RAY_ENV, **env}
+    )
+
+
 def ray_script(address: str, code: str) -> str:
     """Run ``code`` in a Ray driver attached to the cluster; its standard output."""
     assert RAY_PYTHON is not None
@@ -129,15 +136,13 @@ def answer_pid(client: httpx.Client) -> int:
 
 def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
     with ray_cluster() as (address, temp):
-        server = Server(
+        server = on_ray(
             "workspace.trainer_fns:PidReward",
-            "--ray",
             "--replicas",
             "2",
             "--ray-replica-cpus",
             "0.5",
-            python=RAY_PYTHON or sys.executable,
-            env={**RAY_ENV, "RAY_ADDRESS": address},
+            RAY_ADDRESS=address,
         )
         try:
             server.wait_ready(timeout=240)
@@ -236,15 +241,13 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             # without RAY_ADDRESS, where this cluster is the machine's (as `ray start` leaves
             # one, where a driver looks first): a cluster of its own, and after it stopped
             # the application here still runs (it once joined, and deleted it on leaving)
-            own = Server(
+            own = on_ray(
                 "workspace.trainer_fns:PidReward",
-                "--ray",
                 "--replicas",
                 "1",
                 "--ray-replica-cpus",
                 "0.5",
-                python=RAY_PYTHON or sys.executable,
-                env={**RAY_ENV, "RAY_TMPDIR": temp},
+                RAY_TMPDIR=temp,
             )
             try:
                 own.wait_ready(timeout=240)
@@ -273,17 +276,15 @@ def pid_of(answer: httpx.Response) -> int:
 def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_cleanly() -> None:
     # every thread stuck: /health says unhealthy, and so must Serve's health check
     with ray_cluster() as (address, _):
-        server = Server(
+        server = on_ray(
             "workspace.trainer_fns:PidHangReward",
-            "--ray",
             "--threads",
             "1",
             "--timeout",
             "2",
             "--ray-replica-cpus",
             "0.5",
-            python=RAY_PYTHON or sys.executable,
-            env={**RAY_ENV, "RAY_ADDRESS": address},
+            RAY_ADDRESS=address,
         )
         try:
             server.wait_ready(timeout=240)
@@ -311,11 +312,9 @@ def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_clea
 
         # Serve outlives the deleted application, its proxy on the first port: a function
         # asked to serve on another port is refused, saying where Serve listens
-        elsewhere = Server(
+        elsewhere = on_ray(
             "workspace.trainer_fns:PidReward",
-            "--ray",
-            python=RAY_PYTHON or sys.executable,
-            env={**RAY_ENV, "RAY_ADDRESS": address},
+            RAY_ADDRESS=address,
         )
         try:
             assert elsewhere.proc.wait(120) == 2, elsewhere.output()[-5000:]
@@ -326,13 +325,11 @@ def test_an_unhealthy_replica_is_replaced_and_sigterm_while_deploying_stops_clea
 
         # SIGTERM while Serve still deploys (the proxy listens, setup() takes a minute):
         # the deployment is interrupted, the application deleted, and the exit is clean
-        slow = Server(
+        slow = on_ray(
             "workspace.trainer_fns:SlowSetupReward",
-            "--ray",
             "--ray-replica-cpus",
             "0.5",
-            python=RAY_PYTHON or sys.executable,
-            env={**RAY_ENV, "RAY_ADDRESS": address},
+            RAY_ADDRESS=address,
         )
         try:
             slow.wait_listening(timeout=240)
