@@ -239,8 +239,13 @@ class Server:
         deadline = time.monotonic() + timeout
         self.wait_listening(timeout)
         while time.monotonic() < deadline:
-            if self.client.get("/health").status_code == 200:
-                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if self.client.get("/health", timeout=10).status_code == 200:
+                    return
+            except httpx.TimeoutException:  # a proxy holding it while the function deploys
+                pass  # (Ray Serve's, on a busy machine: once more than the client's 30 s)
             time.sleep(0.05)
         raise AssertionError(f"server not ready within {timeout}s:\n{self.output()}")
 
