@@ -199,6 +199,7 @@ class Server:
         workspace: Path = TESTS,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        module: str = "runtime",
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -214,7 +215,7 @@ class Server:
         for name in ("PROCESSOR_CLASS", "FUNC_TYPE", "PORT", "SERVER_PORT", "WORKERS_COUNT"):
             if env is None or name not in env:
                 full_env.pop(name, None)
-        command = [python, "-m", "runtime", "serve"]
+        command = [python, "-m", module, "serve"]
         if target:
             command.append(target)
         command += ["--host", "127.0.0.1", "--port", str(self.port), *args]

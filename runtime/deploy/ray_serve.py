@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from runtime.serving.health import Health
 __all__ = ["serve_on_ray"]
 
 log = logging.getLogger("runtime")
+
+PROXY_WAIT = 120.0  # for a replaced proxy: Serve waits longer for each new one
 
 
 def serve_on_ray(settings: Settings) -> int:
@@ -95,7 +98,7 @@ def serve_on_ray(settings: Settings) -> int:
             log.error("%s", refused)
             return 2
         try:
-            serve.start(http_options={"host": settings.host, "port": settings.port})
+            _start_serve(settings, stop)
             if not stop.is_set():
                 stop.interrupt()
                 deployed = True
@@ -132,6 +135,40 @@ def serve_on_ray(settings: Settings) -> int:
             serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _start_serve(settings: Settings, stop: threading.Event) -> None:
+    """``serve.start()``, and where Serve replaced its HTTP proxy while that waited on it,
+    a wait for the new proxy (or for SIGTERM/SIGINT).
+
+    Serve's controller gives a starting proxy 5 s to be ready, three times; on a busy
+    machine it takes longer, and is killed and started again, with longer waits each time.
+    ``serve.start()`` then fails with the first proxy's death although Serve runs.
+    """
+    import ray
+    from ray import serve
+
+    http = {"host": settings.host, "port": settings.port}
+    try:
+        serve.start(http_options=http)
+        return
+    except ray.exceptions.RayActorError as exc:
+        log.warning(
+            "Ray Serve replaced its HTTP proxy while it started (%s): waiting for the new one",
+            type(exc).__name__,
+        )
+    serve.start(http_options=http)  # Serve runs: this connects to it
+    deadline = time.monotonic() + PROXY_WAIT
+    while not stop.wait(0.5):
+        proxies = serve.status().proxies
+        if proxies and all(status == "HEALTHY" for status in proxies.values()):
+            return
+        if time.monotonic() > deadline:
+            states = sorted(str(getattr(state, "value", state)) for state in proxies.values())
+            raise TimeoutError(
+                f"Ray Serve's HTTP proxy was not healthy {PROXY_WAIT:g}s after it was "
+                f"replaced (proxies: {', '.join(states) or 'none'}): see Ray's log above"
+            )
 
 
 def _refusal(settings: Settings, name: str) -> str:

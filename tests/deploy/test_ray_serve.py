@@ -95,11 +95,10 @@ def ray_cluster() -> Iterator[tuple[str, str]]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def on_ray(target: str, *args: str, **env: str) -> Server:
+def on_ray(target: str, *args: str, module: str = "runtime", **env: str) -> Server:
     """``serve TARGET --ray ARGS`` in Ray's Python, with RAY_ENV and ``env``."""
-    return Server(
-        target, "--ray", *args, python=RAY_PYTHON or sys.executable, env={**RAY_ENV, **env}
-    )
+    python = RAY_PYTHON or sys.executable
+    return Server(target, "--ray", *args, python=python, module=module, env={**RAY_ENV, **env})
 
 
 def ray_script(address: str, code: str) -> str:
@@ -240,17 +239,21 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
 
             # without RAY_ADDRESS, where this cluster is the machine's (as `ray start` leaves
             # one, where a driver looks first): a cluster of its own, and after it stopped
-            # the application here still runs (it once joined, and deleted it on leaving)
+            # the application here still runs (it once joined, and deleted it on leaving).
+            # Its first HTTP proxy dies while serve.start() waits for it, as on a busy
+            # machine Serve kills a proxy slow to start: it serves on the next one
             own = on_ray(
                 "workspace.trainer_fns:PidReward",
                 "--replicas",
                 "1",
                 "--ray-replica-cpus",
                 "0.5",
+                module="serve_losing_first_proxy",
                 RAY_TMPDIR=temp,
             )
             try:
                 own.wait_ready(timeout=240)
+                assert "replaced its HTTP proxy while it started" in own.output()
                 answer_pid(own.client)
                 assert own.terminate(timeout=120) == 0, own.output()[-5000:]
             finally:
