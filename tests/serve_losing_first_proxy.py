@@ -1,27 +1,30 @@
 """``python -m serve_losing_first_proxy serve TARGET --ray ...``: ``python -m runtime``,
-whose first Ray Serve HTTP proxy is killed as soon as it exists, while ``serve.start()``
-waits for it: as Serve's controller kills a proxy slow to start on a busy machine."""
+whose first Ray Serve HTTP proxies are killed while ``serve.start()`` waits for them to be
+ready, as Serve's controller kills a proxy slow to start on a busy machine.
+
+It wraps the Ray 2.x function ``serve.start()`` creates the controller with (a private
+name: where Ray renames it, this fails at once, saying so)."""
 
 import runpy
-import sys
-import threading
-import time
+from typing import Any
+
+import ray
+from ray.serve._private import api
 
 
-def kill_first_proxy() -> None:
-    import ray
+def kill_first_proxies() -> None:
+    create = api._create_controller_and_proxy_refs
 
-    while not ray.is_initialized():
-        time.sleep(0.01)
-    while True:
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if actor["name"].startswith("SERVE_PROXY_ACTOR"):
-                ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
-                print("killed the first proxy", flush=True)
-                return
-        time.sleep(0.01)
+    def creating_then_killing(*args: Any, **kwargs: Any) -> Any:
+        api._create_controller_and_proxy_refs = create  # once
+        controller, ready = create(*args, **kwargs)
+        for proxy in ray.get(controller.get_proxies.remote()).values():
+            ray.kill(proxy)
+        print("killed the first proxies", flush=True)
+        return controller, ready
+
+    api._create_controller_and_proxy_refs = creating_then_killing
 
 
-threading.Thread(target=kill_first_proxy, daemon=True).start()
-sys.argv = ["runtime", *sys.argv[1:]]
+kill_first_proxies()
 runpy.run_module("runtime", run_name="__main__", alter_sys=True)

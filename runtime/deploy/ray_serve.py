@@ -153,15 +153,19 @@ def _start_serve(settings: Settings, stop: threading.Event) -> None:
         serve.start(http_options=http)
         return
     except ray.exceptions.RayActorError as exc:
+        if exc.actor_init_failed:  # its __init__ raised: a new one would too
+            raise
         log.warning(
-            "Ray Serve replaced its HTTP proxy while it started (%s): waiting for the new one",
+            "Ray Serve replaced its HTTP proxy while it started (%s: %s): waiting for the new one",
             type(exc).__name__,
+            " ".join(str(exc).split()),
         )
-    serve.start(http_options=http)  # Serve runs: this connects to it
+    serve.start(http_options=http)  # connects to the Serve that runs (or starts a new one)
     deadline = time.monotonic() + PROXY_WAIT
     while not stop.wait(0.5):
         proxies = serve.status().proxies
-        if proxies and all(status == "HEALTHY" for status in proxies.values()):
+        # DRAINING: a proxy on a node without replicas, serving still
+        if proxies and all(status in ("HEALTHY", "DRAINING") for status in proxies.values()):
             return
         if time.monotonic() > deadline:
             states = sorted(str(getattr(state, "value", state)) for state in proxies.values())

@@ -253,7 +253,7 @@ def test_two_replicas_trainer_protocols_replacement_and_shutdown() -> None:
             )
             try:
                 own.wait_ready(timeout=240)
-                assert "replaced its HTTP proxy while it started" in own.output()
+                own.wait_output("replaced its HTTP proxy while it started")
                 answer_pid(own.client)
                 assert own.terminate(timeout=120) == 0, own.output()[-5000:]
             finally:

@@ -426,9 +426,15 @@ def test_openrlhf_truncated_prompt_end_tokens_and_mismatch(server: Server) -> No
     mismatched = openrlhf(server, ["something else 42"], [long_prompt], ["42"]).json()
     assert mismatched["extra_logs"]["prompt_mismatch"] == [1.0]
     assert metric(server, "rl_function_trainer_prompt_mismatches_total") == 1.0
-    assert server.output().count("a prompt is not part of its query") == 1
+    server.wait_output("a prompt is not part of its query")
     openrlhf(server, ["still else"], [long_prompt], ["42"])
-    assert server.output().count("a prompt is not part of its query") == 1  # logged once
+    # a failure's line, logged after the second mismatch: once it is written, so would be a
+    # second warning (lines leave the server's log thread in order)
+    payload = {"query": [PROMPT + "RAISE"], "prompts": [PROMPT], "labels": ["42"]}
+    after = {"x-request-id": "after-the-second-mismatch"}
+    server.client.post("/openrlhf/get_reward", json=payload, headers=after, timeout=180)
+    log = server.wait_output("request_id=after-the-second-mismatch")
+    assert log.count("a prompt is not part of its query") == 1  # logged once
 
 
 def test_slime_reserved_reward_key(server: Server) -> None:
