@@ -44,9 +44,10 @@ pytestmark = [
 def docker(
     *args: str, check: bool = True, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["docker", *args], capture_output=True, text=True, check=check, timeout=timeout
-    )
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:  # with the engine's own words
+        raise AssertionError(f"docker {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
+    return done
 
 
 def wait_healthy(url: str, timeout: float = 60) -> None:
@@ -112,8 +113,8 @@ def run_container() -> Iterator:
             options += ["-p", f"127.0.0.1:{port}:8000"]
         for key, value in (env or {}).items():
             options += ["-e", f"{key}={value}"]
+        names.append(name)  # removed after the test: created even where it failed to start
         docker("run", "-d", *options, image, *args)
-        names.append(name)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
         return name, url
