@@ -190,7 +190,8 @@ def _nothing_left_at_the_end() -> Iterator[None]:
 
 
 class Server:
-    """A ``python -m runtime serve`` subprocess on a free loopback port."""
+    """A ``python -m runtime serve`` subprocess on a free loopback port (``module``: another
+    module that runs it, such as a launcher that breaks something first)."""
 
     def __init__(
         self,
