@@ -52,10 +52,16 @@ def strict() -> Iterator[Server]:
 # --- the stand-ins ---------------------------------------------------------------------
 
 
-def openrlhf(server: Server, queries: list[str], prompts: list[str], labels: list[Any]):
+def openrlhf(
+    server: Server,
+    queries: list[str],
+    prompts: list[str],
+    labels: list[Any],
+    headers: dict[str, str] | None = None,
+):
     """As OpenRLHF's reward executor posts (0.9.1+: one sample, lists of one)."""
     payload = {"query": queries, "prompts": prompts, "labels": labels}
-    return server.client.post("/openrlhf/get_reward", json=payload, timeout=180)
+    return server.client.post("/openrlhf/get_reward", json=payload, headers=headers, timeout=180)
 
 
 def slime(server: Server, prompt: Any, response: str, label: Any, reward_key: str = ""):
@@ -430,9 +436,8 @@ def test_openrlhf_truncated_prompt_end_tokens_and_mismatch(server: Server) -> No
     openrlhf(server, ["still else"], [long_prompt], ["42"])
     # a failure's line, logged after the second mismatch: once it is written, so would be a
     # second warning (lines leave the server's log thread in order)
-    payload = {"query": [PROMPT + "RAISE"], "prompts": [PROMPT], "labels": ["42"]}
     after = {"x-request-id": "after-the-second-mismatch"}
-    server.client.post("/openrlhf/get_reward", json=payload, headers=after, timeout=180)
+    openrlhf(server, [PROMPT + "RAISE"], [PROMPT], ["42"], headers=after)
     log = server.wait_output("request_id=after-the-second-mismatch")
     assert log.count("a prompt is not part of its query") == 1  # logged once
 
