@@ -142,6 +142,8 @@ def _run_function(args: argparse.Namespace) -> None:
     else:
         import runtime.serving.server
         import runtime.serving.supervisor  # noqa: F401
+    if settings.tracing:  # OpenTelemetry's SDK: only when tracing (a shorter cold start)
+        import runtime.tracing.spans  # noqa: F401
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:

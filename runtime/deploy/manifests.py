@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runtime.config import OPTIONS, Settings, SettingsError, add_options, resolve
 
 __all__ = ["add_manifests_command", "build_manifests", "run_manifests"]
@@ -84,7 +82,7 @@ def run_manifests(args: argparse.Namespace) -> int:
         memory=args.memory,
         target_cpu=args.target_cpu,
     )
-    text = yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False)
+    text = _dump(documents)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -252,11 +250,16 @@ def _container(
     return container
 
 
-class _PlainDumper(yaml.SafeDumper):
-    """Repeated labels written out each time: no YAML anchors for a reader to chase."""
+def _dump(documents: list[dict[str, Any]]) -> str:
+    import yaml  # here, not at the top: every `runtime serve` imports this module (its CLI)
 
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    class PlainDumper(yaml.SafeDumper):
+        """Repeated labels written out each time: no YAML anchors for a reader to chase."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(documents, Dumper=PlainDumper, sort_keys=False)
 
 
 def _env_value(value: Any) -> str:

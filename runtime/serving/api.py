@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Callable, MutableMapping
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
@@ -25,7 +25,9 @@ from runtime.serving.metrics import OTHER, Metrics
 from runtime.serving.protocol import REJECTED
 from runtime.serving.running import Runner, Running
 from runtime.serving.sending import WHOLE_RESPONSE
-from runtime.tracing.spans import Tracing
+
+if TYPE_CHECKING:  # imported only when tracing is on (server.build_app)
+    from runtime.tracing.spans import Tracing
 
 __all__ = ["ApiCall", "ApiHandler", "send_json"]
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, MutableMapping, Sequence
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -37,7 +37,9 @@ from runtime.serving.health import Health
 from runtime.serving.metrics import CONTENT_TYPE_LATEST, UNKNOWN_PATH, Metrics
 from runtime.serving.running import Runner
 from runtime.serving.sending import WHOLE_RESPONSE, split_whole_responses
-from runtime.tracing.spans import Tracing
+
+if TYPE_CHECKING:  # imported only when tracing is on (server.build_app)
+    from runtime.tracing.spans import Tracing
 
 __all__ = ["SHUTDOWN_HOOK_LIMIT", "FunctionApp"]
 

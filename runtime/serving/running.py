@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Callable, MutableMapping
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processors_base.observability.runtime_hooks import record_output
 from runtime import errors
@@ -24,7 +24,9 @@ from runtime.execution.function import Function
 from runtime.logs import bind_request, unbind_request
 from runtime.serving.admission import Admission
 from runtime.serving.deadlines import Deadline, Deadlines, Reason
-from runtime.tracing.spans import Tracing
+
+if TYPE_CHECKING:  # imported only when tracing is on (server.build_app)
+    from runtime.tracing.spans import Tracing
 
 __all__ = ["Runner", "Running"]
 

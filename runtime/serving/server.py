@@ -33,7 +33,6 @@ from runtime.serving.health import Health
 from runtime.serving.heartbeat import Heartbeat
 from runtime.serving.protocol import KEEP_ALIVE_SECONDS, connection_cap, protocol_class
 from runtime.serving.trainers import TrainerRoutes
-from runtime.tracing.spans import Tracing
 
 # uvicorn imports its event loop as it starts, once the class is loaded and the workspace
 # is first on sys.path: imported now, a workspace's uvloop.py cannot stand in for it
@@ -227,6 +226,9 @@ def bind(settings: Settings) -> socket.socket:
 def build_app(settings: Settings) -> FunctionApp:
     """The app of ``settings``: its target loaded, its processor made, traced if asked,
     the trainer protocols mounted."""
+    if settings.tracing:  # OpenTelemetry's SDK only then (a shorter cold start); before
+        # the workspace is first on sys.path, where a module of its could stand in for it
+        from runtime.tracing.spans import Tracing
     target = load_target(settings.target, settings.workspace, settings.func_type)
     function = Function(
         target,
@@ -235,15 +237,10 @@ def build_app(settings: Settings) -> FunctionApp:
         threads=settings.threads,
         sub_reward_errors=settings.sub_reward_errors,
     )
-    tracing = (
-        Tracing(
-            target.func_type.value,
-            target.name,
-            flush_each_request=settings.flush_spans == "request",
-        )
-        if settings.tracing
-        else None
-    )
+    tracing = None
+    if settings.tracing:
+        flush_each = settings.flush_spans == "request"
+        tracing = Tracing(target.func_type.value, target.name, flush_each_request=flush_each)
     app = FunctionApp(function, settings, tracing)
     app.mount(TrainerRoutes(app).routes)
     return app

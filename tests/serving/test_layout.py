@@ -4,6 +4,9 @@ import each other."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import grimp
 import httpx
 from conftest import TESTS
@@ -39,3 +42,19 @@ async def test_the_trainer_routes_are_mounted_by_build_app():
     assert await _status(bare, "/verify") == 404
     built = build_app(Settings(target="workspace.fns:EchoReward", workspace=str(TESTS)))
     assert await _status(built, "/verify") == 503  # there: starting, setup() not run
+
+
+def test_serving_without_tracing_leaves_out_the_tracing_sdk_and_yaml():
+    """What `serve` imports before its first request, tracing off: neither OpenTelemetry's
+    SDK (the span exporter's) nor PyYAML (the manifests command's), about 20 ms of each
+    cold start together; user code still gets OpenTelemetry's API."""
+    modules = "runtime.cli runtime.compat.sdk runtime.serving.server runtime.serving.supervisor"
+    code = f"import sys, {', '.join(modules.split())}; print(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    imported = out.stdout.split()
+    assert "runtime.serving.server" in imported
+    assert "opentelemetry.trace" in imported  # the API, for processors_base.observability
+    left_in = [
+        m for m in imported if m.split(".")[0] == "yaml" or m.startswith("opentelemetry.sdk")
+    ]
+    assert left_in == []
