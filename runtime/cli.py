@@ -141,9 +141,10 @@ def _run_function(args: argparse.Namespace) -> None:
         import runtime.deploy.ray_serve
     else:
         import runtime.serving.server
-        import runtime.serving.supervisor  # noqa: F401
-    if settings.tracing:  # OpenTelemetry's SDK: only when tracing (a shorter cold start)
-        import runtime.tracing.spans  # noqa: F401
+        import runtime.serving.supervisor
+
+        if settings.tracing and settings.workers == 1:  # spawned workers import it themselves
+            import runtime.tracing.spans  # noqa: F401 (OpenTelemetry's SDK: only to trace)
     try:
         target = load_target(settings.target, settings.workspace, settings.func_type)
     except TargetError as exc:

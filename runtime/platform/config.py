@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,6 +22,12 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
+# PyYAML is imported where a job file is read, not with these models: the SDK's alias
+# (runtime.compat) serves them to a function loaded from its workspace, where a yaml.py of
+# the workspace's would stand in for PyYAML.
+if TYPE_CHECKING:
+    import yaml
 
 __all__ = [
     "ConfigError",
@@ -267,6 +272,8 @@ _MAX_DEPTH = 50  # levels of nesting; a job file needs about 5, and loading it r
 def _check_depth(text: str) -> None:
     """A ConfigError past ``_MAX_DEPTH`` levels, found by the parser's events (it does not
     recurse; composing the file, and every walk of it after, does)."""
+    import yaml
+
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
@@ -282,6 +289,8 @@ def _check_depth(text: str) -> None:
 def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
     """How many values ``node`` stands for with every alias expanded (memoised by node, so
     nested aliases cost one visit each); a ConfigError past the cap or on a cycle."""
+    import yaml
+
     key = id(node)
     if key in sizes:
         return sizes[key]
@@ -309,6 +318,8 @@ def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
 
 def _lines(node: yaml.Node, prefix: tuple[str | int, ...], out: dict, seen: set[int]) -> None:
     """The line of every key path; an aliased node is walked once (its first use)."""
+    import yaml
+
     out.setdefault(prefix, node.start_mark.line + 1)
     if id(node) in seen:
         return
@@ -361,6 +372,8 @@ def load_job_file(path: str | Path) -> JobFile:
 
 
 def _read_job_file(path: Path) -> JobFile:
+    import yaml
+
     try:
         size = path.stat().st_size
         if size > _MAX_BYTES:

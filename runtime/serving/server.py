@@ -226,8 +226,8 @@ def bind(settings: Settings) -> socket.socket:
 def build_app(settings: Settings) -> FunctionApp:
     """The app of ``settings``: its target loaded, its processor made, traced if asked,
     the trainer protocols mounted."""
-    if settings.tracing:  # OpenTelemetry's SDK only then (a shorter cold start); before
-        # the workspace is first on sys.path, where a module of its could stand in for it
+    if settings.tracing:  # OpenTelemetry's SDK only then (a shorter cold start); a spawned
+        # worker imports it here, before load_target puts the workspace first on sys.path
         from runtime.tracing.spans import Tracing
     target = load_target(settings.target, settings.workspace, settings.func_type)
     function = Function(

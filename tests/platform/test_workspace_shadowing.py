@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLES, reward_body
+from conftest import ROOT, SAMPLES, TESTS, reward_body
 
 from runtime.platform import packaging
 from runtime.platform.functions import Component, check_imports
@@ -181,6 +181,7 @@ LIBRARIES = (
     "prometheus_client.py",
     "anyio.py",
     "uvloop.py",
+    "yaml.py",
 )
 
 
@@ -197,3 +198,20 @@ def test_a_workspace_module_named_as_a_library_never_stands_in_for_it(tmp_path, 
         assert answer.status_code == 200 and answer.json()["status"] == "success", answer.text
         assert "hijacked" not in server.output()
         assert server.terminate() == 0, server.output()
+
+
+def test_a_workspace_module_named_as_a_library_never_stands_in_for_it_under_the_sdk_alias(
+    tmp_path,
+):
+    """A function written for the DashScope SDK loads through the runtime's alias of it,
+    whose names include the job file's models: none of what they import comes from the
+    workspace either (PyYAML: read only with a job file)."""
+    ws = tmp_path / "ws"
+    shutil.copytree(TESTS / "sdk_workspace", ws, ignore=shutil.ignore_patterns("__pycache__"))
+    for shadow in LIBRARIES:
+        (ws / shadow).write_text(HIJACK)
+    (ws / "reward.json").write_text(json.dumps(reward_body()))
+    target = "functions.plain_reward:ExactMatchReward"
+    done = _run([sys.executable, "-m", "runtime", "invoke", target, "-i", "reward.json"], ws)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "success"
