@@ -49,6 +49,10 @@ log = logging.getLogger("runtime")
 EXIT_UNHEALTHY = 4
 STOP_SLACK = 5.0  # seconds, on top of the bounds of each stage of a stop
 THREADS_END_WITHIN = 1.0  # seconds for threads other than the loop's to end after it
+# A full collection is considered after this many collections of the middle generation
+# (CPython's: 10); the collector's thresholds as the process started, before user code
+FULL_COLLECTION_AFTER = 100
+_STARTING_THRESHOLDS = gc.get_threshold()
 
 
 class Server(uvicorn.Server):
@@ -168,11 +172,21 @@ def settle_garbage_collector() -> None:
     it. Under load, full collections are frequent (the objects of the requests in flight
     keep being promoted): walking startup's objects cost 22 to 24% of a 64 x 3 KB group
     reward's time and a tenth of the echo reward's (benchmarks/inprocess.py --http).
-    Startup's garbage is collected once first. The thresholds stay CPython's: raised to
-    10,000 young objects they gained a little more but let a worker holding 5,000
-    rollouts keep 100 MB more of garbage cycles (benchmarks/run.py, scenario 9)."""
+    Startup's garbage is collected once first.
+
+    Full collections come ten times more rarely than CPython's default, unless user code
+    set the thresholds itself. Each walks every object of the requests in flight: with
+    5,000 rollouts held 5 s (benchmarks/run.py, scenario 9) there were 25 in 30 s, of
+    300 ms each, a third of the worker's time and a pause of the event loop each. What
+    they free is cycles only (a request's own objects go by reference counting), and the
+    runtime makes none a request; a user's code that does keeps its cycles ten times
+    longer (gc.set_threshold in setup() chooses otherwise)."""
     gc.collect()
     gc.freeze()
+    thresholds = gc.get_threshold()
+    if thresholds == _STARTING_THRESHOLDS:
+        young, middle, full = thresholds
+        gc.set_threshold(young, middle, max(full, FULL_COLLECTION_AFTER))
 
 
 def _exit_now(code: int) -> None:

@@ -3,8 +3,11 @@ that moves only when told, timers run in order, coroutines stepped by hand. No s
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import heapq
 import itertools
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -309,3 +312,38 @@ def test_the_body_sweep_starts_again_with_the_next_body():
 @pytest.mark.parametrize("reason", list(Reason))
 def test_reasons_read_as_their_words(reason):
     assert f"{reason}" == reason.value == str(reason)
+
+
+class _Referable(Deadline):
+    __slots__ = ("__weakref__",)
+
+
+async def test_a_deadline_whose_client_was_watched_is_freed_once_dropped(monkeypatch):
+    """On a real loop: the watcher, cancelled when the request ends, keeps its
+    CancelledError, whose traceback holds the deadline. The deadline must not keep the
+    watcher in turn: that cycle (and the request's whole graph with it) would wait for a
+    full collection, which, with thousands of requests held for seconds, took a third of a
+    worker's time."""
+    monkeypatch.setattr(deadlines, "WATCH_AFTER", 0.0)  # the first look, and the watch, at once
+    loop = asyncio.get_running_loop()
+    started, never = asyncio.Event(), asyncio.Event()
+
+    async def receive() -> dict[str, str]:
+        started.set()
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    deadline = _Referable(Deadlines(10.0, lambda _: None), loop, asyncio.current_task())
+    deadline.watch(receive)
+    await asyncio.wait_for(started.wait(), 10)
+    (watcher,) = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Deadline._watch"]
+    gc.disable()  # freed by reference counting alone, or not at all
+    try:
+        deadline.end()
+        await asyncio.wait([watcher])
+        assert watcher.cancelled()
+        freed = weakref.ref(deadline)
+        del deadline, watcher
+        assert freed() is None
+    finally:
+        gc.enable()
