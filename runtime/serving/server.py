@@ -50,7 +50,7 @@ EXIT_UNHEALTHY = 4
 STOP_SLACK = 5.0  # seconds, on top of the bounds of each stage of a stop
 THREADS_END_WITHIN = 1.0  # seconds for threads other than the loop's to end after it
 # A full collection is considered after this many collections of the middle generation
-# (CPython's: 10); the collector's thresholds as the process started, before user code
+# (CPython's: 10); the collector's thresholds before user code could choose its own
 FULL_COLLECTION_AFTER = 100
 _STARTING_THRESHOLDS = gc.get_threshold()
 
@@ -166,27 +166,30 @@ class Server(uvicorn.Server):
             sys.exit(self.exit_code)
 
 
+def tune_garbage_collector() -> None:
+    """Before setup(), which may choose otherwise (gc.set_threshold), as may the import of
+    the user's module: full collections considered ten times more rarely than CPython's
+    default. Each walks every object of the requests in flight: with 5,000 rollouts held
+    5 s (benchmarks/run.py, scenario 9) there were 25 in 30 s of about 300 ms each, a pause
+    of the event loop each and a third of the worker's time. What they free is reference
+    cycles, and the request path makes none; user code that does keeps its own ten times
+    longer (docs/operations.md)."""
+    thresholds = gc.get_threshold()
+    young, middle, full = thresholds
+    # full == 0: no third threshold (CPython 3.14's incremental collector)
+    if thresholds == _STARTING_THRESHOLDS and full:
+        gc.set_threshold(young, middle, max(full, FULL_COLLECTION_AFTER))
+
+
 def settle_garbage_collector() -> None:
     """Once the function is ready (setup() done), what startup left (modules, the user's
     setup() objects) leaves the cyclic collector's sight: a full collection no longer walks
     it. Under load, full collections are frequent (the objects of the requests in flight
     keep being promoted): walking startup's objects cost 22 to 24% of a 64 x 3 KB group
     reward's time and a tenth of the echo reward's (benchmarks/inprocess.py --http).
-    Startup's garbage is collected once first.
-
-    Full collections come ten times more rarely than CPython's default, unless user code
-    set the thresholds itself. Each walks every object of the requests in flight: with
-    5,000 rollouts held 5 s (benchmarks/run.py, scenario 9) there were 25 in 30 s, of
-    300 ms each, a third of the worker's time and a pause of the event loop each. What
-    they free is cycles only (a request's own objects go by reference counting), and the
-    runtime makes none a request; a user's code that does keeps its cycles ten times
-    longer (gc.set_threshold in setup() chooses otherwise)."""
+    Startup's garbage is collected once first."""
     gc.collect()
     gc.freeze()
-    thresholds = gc.get_threshold()
-    if thresholds == _STARTING_THRESHOLDS:
-        young, middle, full = thresholds
-        gc.set_threshold(young, middle, max(full, FULL_COLLECTION_AFTER))
 
 
 def _exit_now(code: int) -> None:
@@ -267,6 +270,7 @@ def run_worker(
     setup_logging(settings.log_level, settings.log_format)
     if sock is None:
         sock = bind(settings)
+    tune_garbage_collector()
     try:
         app = build_app(settings)
     except (TargetError, ProcessorFailure) as exc:

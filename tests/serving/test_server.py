@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -292,24 +290,3 @@ def test_an_input_model_completed_by_setup_is_served(start_server):
     assert response.json()["reward"]["reward_score"] == 1.0
     assert server.post(reward_body()).json()["reward"]["reward_score"] == 0.0
     assert server.post({**reward_body(), "judge": 5}).status_code == 422
-
-
-@pytest.mark.parametrize(
-    ("user_code", "expected"),
-    [
-        ("pass", "(young, 10, 100)"),  # CPython's thresholds: the third raised
-        ("gc.set_threshold(5000, 20, 10)", "(5000, 20, 10)"),  # set by user code: kept
-    ],
-)
-def test_full_collections_are_rarer_unless_user_code_set_the_thresholds(user_code, expected):
-    """What the server does once the function is ready (after setup(), where user code
-    may have set the collector's thresholds); in a process of its own (it freezes the
-    collector's objects)."""
-    code = (
-        "import gc; from runtime.serving.server import settle_garbage_collector; "
-        f"young = gc.get_threshold()[0]; {user_code}; settle_garbage_collector(); "
-        f"assert gc.get_threshold() == {expected}, gc.get_threshold(); "
-        "assert gc.get_freeze_count() > 0"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr

@@ -36,15 +36,29 @@ class EchoReward(AbstractRewardProcessor):
 
 class GcReward(AbstractRewardProcessor):
     """Its metrics: whether the table setup() loads (20,000 dicts, as a judge's data would
-    be) is out of the cyclic collector's sight, and which process answered."""
+    be) is out of the cyclic collector's sight, which process answered, and the collector's
+    third threshold (full collections)."""
 
     def setup(self) -> None:
         self.table = [{"row": i} for i in range(20_000)]
 
     async def process(self, input_data: RewardInput) -> RewardOutput:
         seen = any(o is self.table for o in gc.get_objects())  # frozen ones are not listed
-        metrics = {"table_frozen": float(not seen), "pid": float(os.getpid())}
+        metrics = {
+            "table_frozen": float(not seen),
+            "pid": float(os.getpid()),
+            "full_after": float(gc.get_threshold()[2]),
+        }
         return RewardOutput(reward=Reward(reward_score=1.0, reward_metrics=metrics))
+
+
+class GcChoosingReward(GcReward):
+    """Chooses CPython's own third threshold in setup()."""
+
+    def setup(self) -> None:
+        super().setup()
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, 10)
 
 
 class SyncEchoReward(AbstractRewardProcessor):
