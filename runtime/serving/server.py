@@ -173,7 +173,7 @@ def tune_garbage_collector() -> None:
     5 s (benchmarks/run.py, scenario 9) there were 25 in 30 s of about 300 ms each, a pause
     of the event loop each and a third of the worker's time. What they free is reference
     cycles, and the request path makes none; user code that does keeps its own ten times
-    longer (docs/operations.md)."""
+    longer (docs/writing-functions.md)."""
     thresholds = gc.get_threshold()
     young, middle, full = thresholds
     # full == 0: no third threshold (CPython 3.14's incremental collector)
