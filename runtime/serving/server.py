@@ -167,13 +167,13 @@ class Server(uvicorn.Server):
 
 
 def tune_garbage_collector() -> None:
-    """Before setup(), which may choose otherwise (gc.set_threshold), as may the import of
-    the user's module: full collections considered ten times more rarely than CPython's
-    default. Each walks every object of the requests in flight: with 5,000 rollouts held
-    5 s (benchmarks/run.py, scenario 9) there were 25 in 30 s of about 300 ms each, a pause
-    of the event loop each and a third of the worker's time. What they free is reference
-    cycles, and the request path makes none; user code that does keeps its own ten times
-    longer (docs/writing-functions.md)."""
+    """Before setup(), which may choose otherwise (gc.set_threshold; at the import of the
+    user's module, only values other than the starting ones): full collections considered
+    ten times more rarely than CPython's default. Each walks every object of the requests
+    in flight: with 5,000 rollouts held 5 s (benchmarks/run.py, scenario 9) there were 25
+    in 30 s of about 300 ms each, a pause of the event loop each and a third of the
+    worker's time. What they free is reference cycles, and the request path makes none;
+    user code that does keeps its own ten times longer (docs/writing-functions.md)."""
     thresholds = gc.get_threshold()
     young, middle, full = thresholds
     # full == 0: no third threshold (CPython 3.14's incremental collector)
