@@ -181,9 +181,9 @@ def test_trainer_routes_get_access_lines_ids_and_result_counts(start_server: Sta
     output = server.wait_output("runtime.requests", count=4)
     (ok,) = lines_with(output, "runtime.requests: POST /slime/reward", "request_id=t-ok")
     assert " INFO " in ok and " 200 " in ok, ok
-    (bad,) = lines_with(output, "runtime.requests: POST /slime/reward", "request_id=t-bad", "200")
+    (bad,) = lines_with(output, "runtime.requests: POST /slime/reward", "request_id=t-bad", " 200 ")
     assert " WARNING " in bad and " failed SUB_REWARD_ERROR" in bad, bad
-    (batch_line,) = lines_with(output, "POST /openrlhf/get_reward", "request_id=t-batch", "200")
+    (batch_line,) = lines_with(output, "POST /openrlhf/get_reward", "request_id=t-batch", " 200 ")
     assert " WARNING " in batch_line and "1 of 2" in batch_line, batch_line
     (invalid,) = lines_with(output, "POST /slime/reward", " 422 ")
     assert "INVALID_INPUT" in invalid, invalid
