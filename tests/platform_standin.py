@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 import uuid
 import zipfile
@@ -81,7 +82,7 @@ class PlatformStandIn(ThreadedServer):
         self.base_url = self.url + API
         self.api_key = api_key
         self.busy = dict(busy or {})  # path prefix -> how many 503s to answer first
-        self.slow = dict(slow or {})  # path prefix -> seconds to sleep before answering
+        self.slow = dict(slow or {})  # path prefix -> seconds held before answering
         self.job_outcome = job_outcome
         self.echo_key = False  # answer a wrong key by echoing it back
         self.flaky: dict[str, int] = {}  # "METHOD path prefix" -> how many 502s to answer
@@ -196,10 +197,17 @@ class PlatformStandIn(ThreadedServer):
             if count > 0 and f"{request.method} {request.url.path}".startswith(prefix):
                 self.flaky[prefix] = count - 1
                 return entry, Response("<html>502 Bad Gateway</html>", 502)
-        for prefix, seconds in self.slow.items():
+        for prefix, seconds in list(self.slow.items()):
             if request.url.path.startswith(prefix):
-                await asyncio.sleep(seconds)
+                await self._held(prefix, seconds)
         return entry, None
+
+    async def _held(self, prefix: str, seconds: float) -> None:
+        """``seconds``, or until the test removes ``prefix`` from ``slow`` (a call held
+        for as long as the test needs, however loaded the machine)."""
+        deadline = time.monotonic() + seconds
+        while prefix in self.slow and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def paths(self) -> list[str]:
         """``METHOD path`` of every request, in order (the signed URL's query left out)."""

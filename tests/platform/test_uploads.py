@@ -213,23 +213,27 @@ def test_the_zip_is_streamed_from_a_temporary_file_that_never_stays(
 def test_ctrl_c_says_what_may_have_been_created_and_leaves_no_zip(platform, workspace, tmp_path):
     own = tmp_path / "tmp"
     own.mkdir()
-    platform.slow[f"{FT}/create/rollout"] = 3.0  # the first register call hangs
+    held = f"{FT}/create/rollout"
+    platform.slow[held] = 600.0  # the first register call hangs until the test is done
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DASHSCOPE_", "FC_"))}
     env.update(
         DASHSCOPE_HTTP_BASE_URL=platform.base_url,
         DASHSCOPE_API_KEY=platform.api_key,
         TMPDIR=str(own),
     )
-    with subprocess.Popen(
-        [sys.executable, "-m", "runtime", "register",
-         "--rollout", "functions.rollout.rollout:DemoRolloutProcessor",
-         "--reward", "functions.reward.reward:DemoRewardProcessor"],
-        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as process:  # fmt: skip
-        wait_for(lambda: f"POST {FT}/create/rollout" in platform.paths(), "the register call")
-        assert len(list(own.glob("agentic-rl-package-*.zip"))) == 1  # the reward's, waiting
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-m", "runtime", "register",
+             "--rollout", "functions.rollout.rollout:DemoRolloutProcessor",
+             "--reward", "functions.reward.reward:DemoRewardProcessor"],
+            cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as process:  # fmt: skip
+            wait_for(lambda: f"POST {FT}/create/rollout" in platform.paths(), "the register call")
+            assert len(list(own.glob("agentic-rl-package-*.zip"))) == 1  # the reward's, waiting
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=60)
+    finally:
+        del platform.slow[held]  # released: the stand-in's handler ends
     assert process.returncode == 130, err
     assert (
         "interrupted while registering functions.rollout.rollout:DemoRolloutProcessor: the "
