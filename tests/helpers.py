@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,14 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLES, Server, free_port
 from platform_standin import PlatformStandIn
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child that a test stops with SIGINT: Ctrl-C as from a terminal.
+    A suite started in the background (``pytest &`` in a script) has SIGINT ignored, which
+    its children inherit, and Python then never raises KeyboardInterrupt in them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 
 # ---- waiting and /metrics ----
 

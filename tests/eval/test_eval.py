@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import SAMPLES, SERVER_TMP, SPEC_EXAMPLES, TESTS, free_port
-from helpers import RawServer, controls, send
+from helpers import RawServer, controls, interruptible, send
 from llm_stub import LLMStub
 
 from runtime.eval.stats import percentile, score_stats
@@ -476,9 +476,7 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
             env=eval_env(),
             stdout=subprocess.DEVNULL,
             stderr=err,
-            # as from a terminal: a suite started in the background (`pytest &` in a script)
-            # has SIGINT ignored, and that would be inherited
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=interruptible,
         )
         deadline = time.monotonic() + 120
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from helpers import FT, wait_for
+from helpers import FT, interruptible, wait_for
 
 from runtime.platform import datasets, functions, packaging
 from runtime.platform.http import FileBody, FileChanged, Platform, PlatformError
@@ -221,19 +221,22 @@ def test_ctrl_c_says_what_may_have_been_created_and_leaves_no_zip(platform, work
         DASHSCOPE_API_KEY=platform.api_key,
         TMPDIR=str(own),
     )
-    try:
-        with subprocess.Popen(
-            [sys.executable, "-m", "runtime", "register",
-             "--rollout", "functions.rollout.rollout:DemoRolloutProcessor",
-             "--reward", "functions.reward.reward:DemoRewardProcessor"],
-            cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ) as process:  # fmt: skip
-            wait_for(lambda: f"POST {FT}/create/rollout" in platform.paths(), "the register call")
+    with subprocess.Popen(
+        [sys.executable, "-m", "runtime", "register",
+         "--rollout", "functions.rollout.rollout:DemoRolloutProcessor",
+         "--reward", "functions.reward.reward:DemoRewardProcessor"],
+        cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible,
+    ) as process:  # fmt: skip
+        try:
+            wait_for(lambda: f"POST {held}" in platform.paths(), "the register call")
             assert len(list(own.glob("agentic-rl-package-*.zip"))) == 1  # the reward's, waiting
             process.send_signal(signal.SIGINT)
             _, err = process.communicate(timeout=60)
-    finally:
-        del platform.slow[held]  # released: the stand-in's handler ends
+        finally:
+            del platform.slow[held]  # released: the stand-in's handler ends
+            if process.poll() is None:  # not stopped by SIGINT: not left behind either
+                process.kill()
     assert process.returncode == 130, err
     assert (
         "interrupted while registering functions.rollout.rollout:DemoRolloutProcessor: the "
