@@ -208,7 +208,7 @@ def test_a_request_past_grace_gets_json_503_and_one_log_line(start_server, tmp_p
     assert server.proc.wait(20) == 0
     output = server.output()
     assert "Traceback" not in output and "CancelledError" not in output, output
-    assert output.count("503 ") == 1 and "DRAINING" in output
+    assert output.count(" 503 ") == 1 and "DRAINING" in output
 
 
 def test_sigterm_answers_and_exits_past_a_task_that_ignores_cancellation(start_server, tmp_path):

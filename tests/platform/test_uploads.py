@@ -234,9 +234,9 @@ def test_ctrl_c_says_what_may_have_been_created_and_leaves_no_zip(platform, work
             process.send_signal(signal.SIGINT)
             _, err = process.communicate(timeout=60)
         finally:
-            del platform.slow[held]  # released: the stand-in's handler ends
             if process.poll() is None:  # not stopped by SIGINT: not left behind either
                 process.kill()
+            del platform.slow[held]  # released: the stand-in's handler ends
     assert process.returncode == 130, err
     assert (
         "interrupted while registering functions.rollout.rollout:DemoRolloutProcessor: the "
