@@ -478,12 +478,21 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
             stderr=err,
             preexec_fn=interruptible,
         )
-        deadline = time.monotonic() + 120
-        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), (tmp_path / "err").read_text()
-        process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 130, (tmp_path / "err").read_text()
+        try:
+            deadline = time.monotonic() + 120
+            while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert marker.exists(), (tmp_path / "err").read_text()
+            process.send_signal(signal.SIGINT)
+            assert process.wait(60) == 130, (tmp_path / "err").read_text()
+        finally:
+            if process.poll() is None:  # a failed test leaves no eval behind either:
+                process.terminate()  # SIGTERM, which stops its servers too
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
     assert "interrupted" in (tmp_path / "err").read_text()
     # the autouse fixture: no server left running, no temporary directory left behind
 
