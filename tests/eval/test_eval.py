@@ -447,52 +447,15 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
-    marker = tmp_path / "called"
-    slow = _ours(
-        "reward",
-        "slow",
-        "eval_fns:SlowReward",
-        timeout=120,
-        runtime={"env": {"EVAL_MARKER": str(marker), "SLOW_SECONDS": "60"}},
-    )
-    config = job_file(tmp_path, [ROLLOUT, slow])
     with LLMStub(free_port()) as llm, (tmp_path / "err").open("w") as err:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "eval",
-                "-c",
-                str(config),
-                "--llm-base-url",
-                llm.base_url,
-                "-n",
-                "2",
-                "-k",
-                "2",
-            ],
-            cwd=tmp_path,
-            env=eval_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            preexec_fn=interruptible,
-        )
+        process, _ = _start_slow_eval(tmp_path, llm, err)
         try:
-            deadline = time.monotonic() + 120
-            while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert marker.exists(), (tmp_path / "err").read_text()
             process.send_signal(signal.SIGINT)
             assert process.wait(60) == 130, (tmp_path / "err").read_text()
         finally:
-            if process.poll() is None:  # a failed test leaves no eval behind either:
-                process.terminate()  # SIGTERM, which stops its servers too
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            if process.poll() is None:  # a failed test leaves no eval behind either: its
+                process.kill()  # servers go with it (the kernel tells them)
+                process.wait()
     assert "interrupted" in (tmp_path / "err").read_text()
     # the autouse fixture: no server left running, no temporary directory left behind
 
@@ -769,6 +732,7 @@ def _start_slow_eval(tmp_path: Path, llm: LLMStub, err: Any) -> tuple[subprocess
         env=eval_env(),
         stdout=subprocess.DEVNULL,
         stderr=err,
+        preexec_fn=interruptible,
     )
     deadline = time.monotonic() + 120
     while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
