@@ -61,9 +61,14 @@ _CLEARED = (
 @dataclass
 class Served:
     function: FunctionUnderTest
-    url: str
+    folder: Path  # its package, unpacked
+    port: int
     process: subprocess.Popen[bytes]
-    log: Path
+    log: Path  # every start's output, appended
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 def unpack_package(function: FunctionUnderTest, into: Path) -> Path:
@@ -90,25 +95,36 @@ def unpack_package(function: FunctionUnderTest, into: Path) -> Path:
     return into
 
 
-_PORT_RANGE = (32768, 60999)  # Linux's default range for ports the kernel picks
+# Ports for the servers eval starts: above Linux's default ephemeral range (32768-60999),
+# where connect() takes the source ports of outgoing connections (one held the port eval had
+# just found free, and that server could not listen), and away from the ports services are
+# set to use (Ray's 6379, 8265 and 10002-19999, say).
+_PORT_RANGE = (61000, 65535)
+_LISTEN_ATTEMPTS = 3  # a server whose port another process took first starts on another
+_CANNOT_LISTEN = 2  # serve's exit code for a port in use, or a wrong setting (docs/serving.md)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free loopback port, drawn at random: bind(0) hands recently freed ports out again
     (72 times in 20,000 probes here, one of the previous 50), so two evals starting their
     servers at once on one machine could get the same one, and one eval's requests would
     reach the other's function."""
     for _ in range(100):
         port = random.randint(*_PORT_RANGE)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if _free(port):
+            return port
     with socket.socket() as sock:  # a range all but full: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _environment(function: FunctionUnderTest, port: int) -> dict[str, str]:
@@ -201,11 +217,9 @@ def _file_names(functions: list[FunctionUnderTest]) -> list[str]:
     return names
 
 
-def _start(function: FunctionUnderTest, root: Path, name: str) -> Served:
-    folder = unpack_package(function, root / name)
-    port = _free_port()
-    log = root / f"{name}.log"
-    with log.open("wb") as sink:
+def _start(function: FunctionUnderTest, folder: Path, log: Path) -> Served:
+    port = free_port()
+    with log.open("ab") as sink:
         process = subprocess.Popen(
             ["bash", str(folder / "start.sh")],
             cwd=folder,
@@ -216,21 +230,19 @@ def _start(function: FunctionUnderTest, root: Path, name: str) -> Served:
             start_new_session=True,
             preexec_fn=_die_with_parent(),  # prctl only: no lock taken after fork
         )
-    return Served(function, f"http://127.0.0.1:{port}", process, log)
+    return Served(function, folder, port, process, log)
 
 
-def _wait_ready(served: Served, deadline: float) -> None:
+def _wait_ready(served: Served, deadline: float) -> int | None:
+    """None once the server answers /health; its exit code if it exits first."""
     with httpx.Client(timeout=2.0) as client:
         while True:
             code = served.process.poll()
             if code is not None:
-                raise StartError(
-                    f"{served.function.name} ({served.function.component.target}) exited "
-                    f"with code {code} before it was ready:\n{_tail(served.log)}"
-                )
+                return code
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{served.url}/health").status_code == 200:
-                    return
+                    return None
             if time.monotonic() > deadline:
                 raise StartError(
                     f"{served.function.name} was not ready after {START_TIMEOUT:g} s:\n"
@@ -273,10 +285,22 @@ def serve_all(
     started: list[Served] = []
     try:
         for function, name in zip(functions, _file_names(functions), strict=True):
-            started.append(_start(function, root, name))
+            folder = unpack_package(function, root / name)
+            started.append(_start(function, folder, root / f"{name}.log"))
         deadline = time.monotonic() + START_TIMEOUT
-        for served in started:
-            _wait_ready(served, deadline)
+        for index, served in enumerate(started):
+            for attempt in range(1, _LISTEN_ATTEMPTS + 1):
+                code = _wait_ready(served, deadline)
+                if code is None:
+                    break
+                # Another process took the port between free_port and the server's bind
+                # (exit 2 is also a wrong setting: then the port is free, and that is said).
+                if code != _CANNOT_LISTEN or _free(served.port) or attempt == _LISTEN_ATTEMPTS:
+                    raise StartError(
+                        f"{served.function.name} ({served.function.component.target}) exited "
+                        f"with code {code} before it was ready:\n{_tail(served.log)}"
+                    )
+                served = started[index] = _start(served.function, served.folder, served.log)
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)

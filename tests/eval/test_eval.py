@@ -4,28 +4,36 @@ raising, constant, slow, not starting from their package); an OPD job without a 
 exit codes, Ctrl-C, and the report page in a real headless browser.
 
 Each test runs eval as a subprocess, which serves every function from its package with
-``start.sh``; the autouse fixture fails a test that leaves a server or a temp dir behind.
+``start.sh`` (the tests of a port taken before its server listens serve in-process); the
+autouse fixture fails a test that leaves a server or a temp dir behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from conftest import SAMPLES, SERVER_TMP, SPEC_EXAMPLES, TESTS, free_port
 from helpers import RawServer, controls, interruptible, send
 from llm_stub import LLMStub
 
+from runtime.eval import serving
+from runtime.eval.plan import StartError, make
 from runtime.eval.stats import percentile, score_stats
 
 DATA = SPEC_EXAMPLES / "data" / "calc_train_min.jsonl"
@@ -458,6 +466,62 @@ def test_ctrl_c_stops_every_server(tmp_path: Path) -> None:
                 process.wait()
     assert "interrupted" in (tmp_path / "err").read_text()
     # the autouse fixture: no server left running, no temporary directory left behind
+
+
+@contextlib.contextmanager
+def _port_held_by_a_client() -> Iterator[int]:
+    """A loopback port held as an outgoing connection's source port, as the kernel hands
+    them out: what once took the port eval had just found free (CI, 2026-12-04)."""
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()) as client,
+        listener.accept()[0],
+    ):
+        yield client.getsockname()[1]
+
+
+def _serve_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ports: list[int], **runtime: Any
+) -> Any:
+    """eval's serving of ANSWER in this process, its first ports drawn from ``ports``."""
+    answer = {**ANSWER, "runtime": runtime} if runtime else ANSWER
+    config = job_file(tmp_path, [answer], teacher="stub-teacher")  # a reward alone will do
+    plan = make(str(config), llm_base_url="http://127.0.0.1:9/v1")
+    drawn = iter(ports)
+    monkeypatch.setattr(serving, "free_port", lambda: next(drawn, None) or free_port())
+    monkeypatch.setattr(tempfile, "tempdir", str(SERVER_TMP))  # checked for leftovers
+    logs: dict[str, str] = {}
+    return serving.serve_all(plan.functions, logs=logs), logs
+
+
+def test_a_server_whose_port_another_process_took_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _port_held_by_a_client() as taken:
+        served, logs = _serve_in_process(tmp_path, monkeypatch, [taken, taken])
+        with served as functions:
+            port = functions["answer-match"].port
+            assert port != taken
+            assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    assert logs["answer-match"].count(f"cannot listen on 127.0.0.1 port {taken}") == 2
+
+
+def test_a_port_taken_three_times_or_a_wrong_setting_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _port_held_by_a_client() as taken:
+        served, _ = _serve_in_process(tmp_path, monkeypatch, [taken] * 3)
+        with pytest.raises(StartError) as raised, served:
+            pass
+    message = str(raised.value)
+    target = "functions.reward.reward:DemoRewardProcessor"
+    assert f"answer-match ({target}) exited with code 2 before it was ready" in message
+    assert message.count(f"cannot listen on 127.0.0.1 port {taken}") == 3
+    # exit 2 for a wrong setting, its port free: started once, and why said
+    served, _ = _serve_in_process(tmp_path, monkeypatch, [], env={"CONCURRENCY": "many"})
+    with pytest.raises(StartError) as raised, served:
+        pass
+    assert str(raised.value).count("CONCURRENCY") == 1, raised.value
 
 
 # ---- the numbers ----------------------------------------------------------------------
