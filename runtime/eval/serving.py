@@ -111,20 +111,23 @@ def free_port() -> int:
     reach the other's function."""
     for _ in range(100):
         port = random.randint(*_PORT_RANGE)
-        if _free(port):
-            return port
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     with socket.socket() as sock:  # a range all but full: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def _lost_its_port(served: Served, code: int) -> bool:
+    """Whether the server exited as another process had taken its port between free_port
+    and its bind: by what it said last (exit 2 is also a wrong setting; and the port may
+    be free again by the time eval looks, the connection that held it gone)."""
+    said = f"cannot listen on 127.0.0.1 port {served.port}:"  # runtime.serving.server.bind
+    return code == _CANNOT_LISTEN and said in _tail(served.log, 3)
 
 
 def _environment(function: FunctionUnderTest, port: int) -> dict[str, str]:
@@ -293,13 +296,12 @@ def serve_all(
                 code = _wait_ready(served, deadline)
                 if code is None:
                     break
-                # Another process took the port between free_port and the server's bind
-                # (exit 2 is also a wrong setting: then the port is free, and that is said).
-                if code != _CANNOT_LISTEN or _free(served.port) or attempt == _LISTEN_ATTEMPTS:
+                if not _lost_its_port(served, code) or attempt == _LISTEN_ATTEMPTS:
                     raise StartError(
                         f"{served.function.name} ({served.function.component.target}) exited "
                         f"with code {code} before it was ready:\n{_tail(served.log)}"
                     )
+                _signal(served, signal.SIGKILL)  # what its import of the user's code started
                 served = started[index] = _start(served.function, served.folder, served.log)
         yield {s.function.name: s for s in started}
     finally:

@@ -229,7 +229,8 @@ def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Confi
 
 
 def bind(settings: Settings) -> socket.socket:
-    """The listening socket, bound before anything is loaded; exit 2 if the address is taken."""
+    """The listening socket, bound before the app is built (setup() runs); exit 2 if the
+    address is taken."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
         sock = socket.create_server((settings.host, settings.port), family=family, backlog=2048)

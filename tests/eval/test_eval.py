@@ -489,7 +489,8 @@ def _serve_in_process(
     plan = make(str(config), llm_base_url="http://127.0.0.1:9/v1")
     drawn = iter(ports)
     monkeypatch.setattr(serving, "free_port", lambda: next(drawn, None) or free_port())
-    monkeypatch.setattr(tempfile, "tempdir", str(SERVER_TMP))  # checked for leftovers
+    monkeypatch.setattr(tempfile, "tempdir", str(SERVER_TMP))  # checked for leftovers, as are
+    monkeypatch.setenv("TMPDIR", str(SERVER_TMP))  # the servers' own temporary files
     logs: dict[str, str] = {}
     return serving.serve_all(plan.functions, logs=logs), logs
 
@@ -497,6 +498,9 @@ def _serve_in_process(
 def test_a_server_whose_port_another_process_took_starts_on_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # eval's ports are never those the kernel hands outgoing connections
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert not any(low <= serving.free_port() <= high for _ in range(100))
     with _port_held_by_a_client() as taken:
         served, logs = _serve_in_process(tmp_path, monkeypatch, [taken, taken])
         with served as functions:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import SAMPLES, TESTS, free_port, reward_body
+from conftest import SAMPLES, STARTUP, TESTS, free_port, reward_body
 
 
 def runtime(*args: str, cwd=SAMPLES, env: dict | None = None, stdin: bytes | None = None):
@@ -124,7 +124,7 @@ def ready_pids(server) -> set[str]:
 
 def test_workers_serve_together_and_stop_cleanly(start_server):
     server = start_server("workspace.fns:EchoReward", "--workers", "2")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + STARTUP
     while len(ready_pids(server)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(ready_pids(server)) == 2

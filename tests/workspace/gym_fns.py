@@ -5,17 +5,21 @@ not there (a loopback port nothing listens on) and says so as Gym names it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import Iterator
 
 from processors_base import Reward, RewardInput, RewardOutput, TaskStatus
 from workspace.trainer_fns import MatchReward
 
 
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, never listened, then closed)."""
+@contextlib.contextmanager
+def _closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on: bound, never listened, for as long as it is
+    used (closed, another process could listen on it, or a connection take it)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        yield int(sock.getsockname()[1])
 
 
 def _last_answer(input_data: RewardInput) -> str:
@@ -29,7 +33,8 @@ class GymReward(MatchReward):
         if _last_answer(input_data) != "JUDGEDOWN":
             return await super().process(input_data)
         try:
-            await asyncio.open_connection("127.0.0.1", _closed_port())
+            with _closed_port() as port:
+                await asyncio.open_connection("127.0.0.1", port)
         except OSError as exc:
             return RewardOutput(
                 reward=Reward(reward_score=0.0),
