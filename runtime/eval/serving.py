@@ -65,6 +65,8 @@ class Served:
     port: int
     process: subprocess.Popen[bytes]
     log: Path  # every start's output, appended
+    log_start: int  # where this start's output begins in it
+    hold: socket.socket | None  # holds the port for the server (see reserve_port)
 
     @property
     def url(self) -> str:
@@ -96,38 +98,56 @@ def unpack_package(function: FunctionUnderTest, into: Path) -> Path:
 
 
 # Ports for the servers eval starts: above Linux's default ephemeral range (32768-60999),
-# where connect() takes the source ports of outgoing connections (one held the port eval had
+# where connect() takes the source ports of outgoing connections (one took the port eval had
 # just found free, and that server could not listen), and away from the ports services are
 # set to use (Ray's 6379, 8265 and 10002-19999, say).
 _PORT_RANGE = (61000, 65535)
+_HOLD = sys.platform.startswith("linux")  # the hold relies on Linux's SO_REUSEADDR (see below)
 _LISTEN_ATTEMPTS = 3  # a server whose port another process took first starts on another
 _CANNOT_LISTEN = 2  # serve's exit code for a port in use, or a wrong setting (docs/serving.md)
 
 
-def free_port() -> int:
-    """A free loopback port, drawn at random: bind(0) hands recently freed ports out again
-    (72 times in 20,000 probes here, one of the previous 50), so two evals starting their
-    servers at once on one machine could get the same one, and one eval's requests would
-    reach the other's function."""
+def reserve_port() -> tuple[int, socket.socket | None]:
+    """A free loopback port, drawn at random, and on Linux a socket that holds it for the
+    server. Drawn at random: bind(0) hands recently freed ports out again (72 times in 20,000
+    probes here, one of the previous 50), and two evals could get the same one. Held: bound
+    without SO_REUSEADDR, the probe fails on a port anything else has; SO_REUSEADDR set
+    after the bind then lets the server, which sets it too (socket.create_server), bind and
+    listen there, while another process's bind, and the kernel's choice of an outgoing
+    connection's source port, still keep off it (5,000 connects here never took one of
+    2,000 ports held so)."""
     for _ in range(100):
-        port = random.randint(*_PORT_RANGE)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    with socket.socket() as sock:  # a range all but full: the kernel's pick
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", random.randint(*_PORT_RANGE)))
+        except OSError:
+            sock.close()
+            continue
+        break
+    else:  # a range all but full: the kernel's pick
+        sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    port = int(sock.getsockname()[1])
+    if not _HOLD:
+        sock.close()
+        return port, None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return port, sock
+
+
+def _output(served: Served) -> str:
+    """What this start of the server has written to its log."""
+    with served.log.open("rb") as log:
+        log.seek(served.log_start)
+        return log.read().decode("utf-8", "replace")
 
 
 def _lost_its_port(served: Served, code: int) -> bool:
-    """Whether the server exited as another process had taken its port between free_port
-    and its bind: by what it said last (exit 2 is also a wrong setting; and the port may
-    be free again by the time eval looks, the connection that held it gone)."""
+    """Whether the server exited as another process had its port before it could listen:
+    by what it said (exit 2 is also a wrong setting; and the port may be free again by the
+    time eval looks, the connection that held it gone)."""
     said = f"cannot listen on 127.0.0.1 port {served.port}:"  # runtime.serving.server.bind
-    return code == _CANNOT_LISTEN and said in _tail(served.log, 3)
+    return code == _CANNOT_LISTEN and said in _output(served)
 
 
 def _environment(function: FunctionUnderTest, port: int) -> dict[str, str]:
@@ -220,9 +240,16 @@ def _file_names(functions: list[FunctionUnderTest]) -> list[str]:
     return names
 
 
-def _start(function: FunctionUnderTest, folder: Path, log: Path) -> Served:
-    port = free_port()
+def _start(function: FunctionUnderTest, folder: Path, log: Path, attempt: int = 1) -> Served:
+    port, hold = reserve_port()
     with log.open("ab") as sink:
+        if attempt > 1:  # the log says why a server starts again
+            sink.write(
+                f"eval: start {attempt} of {_LISTEN_ATTEMPTS}, on port {port}: another process "
+                "had the last one before the server could listen\n".encode()
+            )
+            sink.flush()
+        log_start = sink.tell()
         process = subprocess.Popen(
             ["bash", str(folder / "start.sh")],
             cwd=folder,
@@ -233,7 +260,7 @@ def _start(function: FunctionUnderTest, folder: Path, log: Path) -> Served:
             start_new_session=True,
             preexec_fn=_die_with_parent(),  # prctl only: no lock taken after fork
         )
-    return Served(function, folder, port, process, log)
+    return Served(function, folder, port, process, log, log_start, hold)
 
 
 def _wait_ready(served: Served, deadline: float) -> int | None:
@@ -261,7 +288,8 @@ def _signal(served: Served, sig: signal.Signals) -> None:
 
 
 def _stop(started: list[Served]) -> None:
-    """SIGTERM to every server's process group; SIGKILL to those not gone after a grace."""
+    """SIGTERM to every server's process group; SIGKILL to those not gone after a grace
+    (and to what the others left in theirs); their ports let go."""
     for served in started:
         _signal(served, signal.SIGTERM)
     deadline = time.monotonic() + _STOP_GRACE
@@ -272,6 +300,8 @@ def _stop(started: list[Served]) -> None:
             _signal(served, signal.SIGKILL)
             served.process.wait()
         _signal(served, signal.SIGKILL)  # whatever the server left in its group
+        if served.hold is not None:
+            served.hold.close()
 
 
 @contextlib.contextmanager
@@ -296,13 +326,18 @@ def serve_all(
                 code = _wait_ready(served, deadline)
                 if code is None:
                     break
-                if not _lost_its_port(served, code) or attempt == _LISTEN_ATTEMPTS:
+                lost = _lost_its_port(served, code)
+                if not lost or attempt == _LISTEN_ATTEMPTS:
+                    why = f" at each of its {attempt} starts: another process had its port"
+                    why = why if lost else ""
                     raise StartError(
                         f"{served.function.name} ({served.function.component.target}) exited "
-                        f"with code {code} before it was ready:\n{_tail(served.log)}"
+                        f"with code {code} before it was ready{why}:\n{_tail(served.log)}"
                     )
-                _signal(served, signal.SIGKILL)  # what its import of the user's code started
-                served = started[index] = _start(served.function, served.folder, served.log)
+                _stop([served])  # what its import of the user's code started, and its hold
+                served = started[index] = _start(
+                    served.function, served.folder, served.log, attempt + 1
+                )
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)

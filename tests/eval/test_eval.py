@@ -483,31 +483,57 @@ def _port_held_by_a_client() -> Iterator[int]:
 def _serve_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ports: list[int], **runtime: Any
 ) -> Any:
-    """eval's serving of ANSWER in this process, its first ports drawn from ``ports``."""
+    """eval's serving of ANSWER in this process, its first ports ``ports``, not held."""
     answer = {**ANSWER, "runtime": runtime} if runtime else ANSWER
     config = job_file(tmp_path, [answer], teacher="stub-teacher")  # a reward alone will do
     plan = make(str(config), llm_base_url="http://127.0.0.1:9/v1")
-    drawn = iter(ports)
-    monkeypatch.setattr(serving, "free_port", lambda: next(drawn, None) or free_port())
+    drawn, reserve = iter(ports), serving.reserve_port
+
+    def first_these() -> tuple[int, socket.socket | None]:
+        port = next(drawn, None)
+        return (port, None) if port else reserve()
+
+    monkeypatch.setattr(serving, "reserve_port", first_these)
     monkeypatch.setattr(tempfile, "tempdir", str(SERVER_TMP))  # checked for leftovers, as are
     monkeypatch.setenv("TMPDIR", str(SERVER_TMP))  # the servers' own temporary files
     logs: dict[str, str] = {}
     return serving.serve_all(plan.functions, logs=logs), logs
 
 
+def test_a_port_eval_holds_is_free_to_its_server_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [serving.reserve_port() for _ in range(20)]
+    try:
+        # never one the kernel hands outgoing connections (besides, a held one it skips)
+        assert not any(low <= port <= high for port, _ in ports)
+        port = ports[0][0]
+        with socket.socket() as other, pytest.raises(OSError):  # another process's bind
+            other.bind(("127.0.0.1", port))
+        drawn = iter([port, *range(61000, 65536)])  # another eval drawing it draws again
+        monkeypatch.setattr(serving.random, "randint", lambda *_: next(drawn))
+        ports.append(serving.reserve_port())
+        assert ports[-1][0] != port
+        with socket.create_server(("127.0.0.1", port)) as server:  # as serve binds
+            assert server.getsockname()[1] == port
+    finally:
+        for _, hold in ports:
+            assert hold is not None  # on Linux
+            hold.close()
+
+
 def test_a_server_whose_port_another_process_took_starts_on_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # eval's ports are never those the kernel hands outgoing connections
-    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    assert not any(low <= serving.free_port() <= high for _ in range(100))
     with _port_held_by_a_client() as taken:
         served, logs = _serve_in_process(tmp_path, monkeypatch, [taken, taken])
         with served as functions:
             port = functions["answer-match"].port
             assert port != taken
             assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
-    assert logs["answer-match"].count(f"cannot listen on 127.0.0.1 port {taken}") == 2
+    log = logs["answer-match"]
+    assert log.count(f"cannot listen on 127.0.0.1 port {taken}") == 2
+    assert f"eval: start 2 of 3, on port {taken}: another process had the last one" in log
+    assert f"eval: start 3 of 3, on port {port}: another process had the last one" in log
 
 
 def test_a_port_taken_three_times_or_a_wrong_setting_is_said(
@@ -519,13 +545,18 @@ def test_a_port_taken_three_times_or_a_wrong_setting_is_said(
             pass
     message = str(raised.value)
     target = "functions.reward.reward:DemoRewardProcessor"
-    assert f"answer-match ({target}) exited with code 2 before it was ready" in message
+    assert (
+        f"answer-match ({target}) exited with code 2 before it was ready at each of its 3 "
+        "starts: another process had its port" in message
+    )
     assert message.count(f"cannot listen on 127.0.0.1 port {taken}") == 3
-    # exit 2 for a wrong setting, its port free: started once, and why said
+    # exit 2 for a wrong setting: started once, and why said
     served, _ = _serve_in_process(tmp_path, monkeypatch, [], env={"CONCURRENCY": "many"})
     with pytest.raises(StartError) as raised, served:
         pass
-    assert str(raised.value).count("CONCURRENCY") == 1, raised.value
+    message = str(raised.value)
+    assert f"answer-match ({target}) exited with code 2 before it was ready:" in message
+    assert message.count("CONCURRENCY") == 1, message
 
 
 # ---- the numbers ----------------------------------------------------------------------
