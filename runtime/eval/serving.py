@@ -113,26 +113,34 @@ def reserve_port() -> tuple[int, socket.socket | None]:
     probes here, one of the previous 50), and two evals could get the same one. Held: bound
     without SO_REUSEADDR, the probe fails on a port anything else has; SO_REUSEADDR set
     after the bind then lets the server, which sets it too (socket.create_server), bind and
-    listen there, while another process's bind, and the kernel's choice of an outgoing
-    connection's source port, still keep off it (5,000 connects here never took one of
-    2,000 ports held so)."""
+    listen there, while a bind without it (another eval's probe among them) and the
+    kernel's choice of an outgoing connection's source port keep off it (5,000 connects
+    here never took one of 2,000 ports held so). A server of another's binding it on
+    purpose with SO_REUSEADDR could: the server then exits 2 and starts again."""
     for _ in range(100):
-        sock = socket.socket()
-        try:
-            sock.bind(("127.0.0.1", random.randint(*_PORT_RANGE)))
-        except OSError:
-            sock.close()
-            continue
-        break
+        port = random.randint(*_PORT_RANGE)
+        if (sock := _bound(port)) is not None:
+            break
     else:  # a range all but full: the kernel's pick
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock = _bound(0)
+        if sock is None:
+            raise StartError("no free loopback port for a function's server")
     port = int(sock.getsockname()[1])
     if not _HOLD:
         sock.close()
         return port, None
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return port, sock
+
+
+def _bound(port: int) -> socket.socket | None:
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _output(served: Served) -> str:
@@ -240,31 +248,41 @@ def _file_names(functions: list[FunctionUnderTest]) -> list[str]:
     return names
 
 
-def _start(function: FunctionUnderTest, folder: Path, log: Path, attempt: int = 1) -> Served:
+def _start(
+    function: FunctionUnderTest, folder: Path, log: Path, attempt: int = 1, lost: int = 0
+) -> Served:
+    """The function's server started on a port of its own (``lost``: the port its last
+    start could not listen on, said in the log)."""
     port, hold = reserve_port()
-    with log.open("ab") as sink:
-        if attempt > 1:  # the log says why a server starts again
-            sink.write(
-                f"eval: start {attempt} of {_LISTEN_ATTEMPTS}, on port {port}: another process "
-                "had the last one before the server could listen\n".encode()
+    try:
+        with log.open("ab") as sink:
+            if lost:
+                sink.write(
+                    f"eval: port {lost} was taken before the server could listen; start "
+                    f"{attempt} of {_LISTEN_ATTEMPTS}, on port {port}\n".encode()
+                )
+                sink.flush()
+            log_start = sink.tell()
+            process = subprocess.Popen(
+                ["bash", str(folder / "start.sh")],
+                cwd=folder,
+                env=_environment(function, port),
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),  # prctl only: no lock taken after fork
             )
-            sink.flush()
-        log_start = sink.tell()
-        process = subprocess.Popen(
-            ["bash", str(folder / "start.sh")],
-            cwd=folder,
-            env=_environment(function, port),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(),  # prctl only: no lock taken after fork
-        )
+    except BaseException:
+        if hold is not None:
+            hold.close()
+        raise
     return Served(function, folder, port, process, log, log_start, hold)
 
 
 def _wait_ready(served: Served, deadline: float) -> int | None:
-    """None once the server answers /health; its exit code if it exits first."""
+    """None once the server answers /health; its exit code if it exits first; StartError
+    at the deadline."""
     with httpx.Client(timeout=2.0) as client:
         while True:
             code = served.process.poll()
@@ -328,16 +346,14 @@ def serve_all(
                     break
                 lost = _lost_its_port(served, code)
                 if not lost or attempt == _LISTEN_ATTEMPTS:
-                    why = f" at each of its {attempt} starts: another process had its port"
-                    why = why if lost else ""
+                    why = f" at each of its {attempt} starts: its port was taken" if lost else ""
                     raise StartError(
                         f"{served.function.name} ({served.function.component.target}) exited "
                         f"with code {code} before it was ready{why}:\n{_tail(served.log)}"
                     )
                 _stop([served])  # what its import of the user's code started, and its hold
-                served = started[index] = _start(
-                    served.function, served.folder, served.log, attempt + 1
-                )
+                function, folder, log = served.function, served.folder, served.log
+                served = started[index] = _start(function, folder, log, attempt + 1, served.port)
         yield {s.function.name: s for s in started}
     finally:
         _stop(started)

@@ -69,9 +69,9 @@ def ray_cluster() -> Iterator[tuple[str, str]]:
             "127.0.0.1",
             "--temp-dir",
             f"{temp}/ray",
-            # Ray's own servers on ports from the run's counter: by default some take a fixed
-            # port (52365, 10001) or one found free first and bound later, in the kernel's
-            # ephemeral range, where the suite's outgoing connections take theirs
+            # Ray's own servers on ports from the run's counter: by default they take a fixed
+            # port (10001; 52365, in the kernel's ephemeral range, where the suite's outgoing
+            # connections take theirs) or one found free first and bound later
             *(
                 f"--{name}-port={free_port()}"
                 for name in (
