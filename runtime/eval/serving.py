@@ -115,8 +115,8 @@ def reserve_port() -> tuple[int, socket.socket | None]:
     after the bind then lets the server, which sets it too (socket.create_server), bind and
     listen there, while a bind without it (another eval's probe among them) and the
     kernel's choice of an outgoing connection's source port keep off it (5,000 connects
-    here never took one of 2,000 ports held so). A server of another's binding it on
-    purpose with SO_REUSEADDR could: the server then exits 2 and starts again."""
+    here never took one of 2,000 ports held so). Another server binding it with
+    SO_REUSEADDR could take it first: ours then exits 2 and starts again on another."""
     for _ in range(100):
         port = random.randint(*_PORT_RANGE)
         if (sock := _bound(port)) is not None:
