@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,7 +136,7 @@ def serve_on_ray(settings: Settings) -> int:
     return 0
 
 
-def _start_serve(settings: Settings, stop: threading.Event) -> None:
+def _start_serve(settings: Settings, stop: _StopSignal) -> None:
     """``serve.start()``, and where Serve replaced its HTTP proxy while that waited on it,
     a wait for the new proxy (or for SIGTERM/SIGINT).
 
@@ -338,14 +337,29 @@ class _Stopped(BaseException):
     code swallows it."""
 
 
-class _StopSignal(threading.Event):
-    """Set by SIGTERM or SIGINT. While ``interrupts`` is true, the first signal also
+class _StopSignal:
+    """Set by SIGTERM or SIGINT: a plain flag, as a signal handler must take no lock (a
+    threading.Event's set() there deadlocks when the signal lands while the wait() it
+    interrupts holds the Event's lock). While ``interrupts`` is true, the first signal also
     raises ``_Stopped`` in the main thread (once: a second must not break the cleanup)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.received = False
         self.interrupts = False
         self.install()
+
+    def set(self) -> None:
+        self.received = True
+
+    def is_set(self) -> bool:
+        return self.received
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a signal came, waiting up to ``timeout`` for one (seen within 0.1 s)."""
+        end = time.monotonic() + timeout
+        while not self.received and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+        return self.received
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -359,7 +373,7 @@ class _StopSignal(threading.Event):
             raise _Stopped
 
     def _received(self, signum: int, frame: object) -> None:
-        self.set()
+        self.received = True
         if self.interrupts:
             self.interrupts = False
             raise _Stopped(signal.Signals(signum).name)

@@ -125,7 +125,11 @@ class _Supervisor:
         self.context = multiprocessing.get_context("spawn")
         # Only this process holds the write end: a worker reads end-of-file when it is gone.
         self.lifeline, self._lifeline_writer = self.context.Pipe(duplex=False)
-        self.stop = threading.Event()
+        # Set by SIGTERM/SIGINT: a plain flag, as a signal handler must take no lock. An
+        # Event's set() there deadlocks when the signal lands while the Event.wait() it
+        # interrupts holds the Event's lock: a supervisor hung so in CI (Python 3.13), and
+        # a script of that pattern on 1 SIGTERM in 300.
+        self.stopping = False
         self.exit_code = 0
         self.failures = 0  # workers in a row that died before they were ready
         self.owned_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -155,15 +159,16 @@ class _Supervisor:
 
     def run(self) -> int:
         previous = {
-            sig: signal.signal(sig, lambda *_: self.stop.set())
-            for sig in (signal.SIGTERM, signal.SIGINT)
+            sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
         try:
             self.slots = [self.start() for _ in range(self.settings.workers)]
             self.restart_at = [0.0] * len(self.slots)
             log.info("supervisor [%d]: started %d workers", os.getpid(), len(self.slots))
-            while not self.stop.wait(_TICK):
-                self.tend()
+            while not self.stopping:
+                time.sleep(_TICK)  # a signal is seen within a tick
+                if not self.stopping:
+                    self.tend()
         finally:
             self.stop_all()
             for sig, handler in previous.items():
@@ -187,7 +192,7 @@ class _Supervisor:
             if not alive:
                 self.slots[index] = None
                 self.on_death(index, worker, now)
-                if self.stop.is_set():
+                if self.stopping:
                     return
                 continue
             state = worker.heartbeat.state
@@ -252,9 +257,12 @@ class _Supervisor:
         )
         self.restart_at[index] = now + delay
 
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
     def give_up(self) -> None:
         self.exit_code = STARTUP_FAILURE
-        self.stop.set()
+        self.stopping = True
 
     def reap_retiring(self, now: float) -> None:
         for entry in list(self.retiring):
