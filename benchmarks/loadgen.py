@@ -3,11 +3,14 @@ latency (wrk reports latency over all responses; the overload scenario needs the
 latency of accepted requests alone). Clients back off briefly on a 503, as the
 platform's retrying clients do.
 
-    python benchmarks/loadgen.py URL BODY_FILE CONNECTIONS SECONDS [RATE]  -> JSON on stdout
+    python benchmarks/loadgen.py URL BODY_FILE CONNECTIONS SECONDS [RATE [WARMUP]]
+        -> JSON on stdout: [status, seconds] of each request
 
 With RATE (requests per second over all connections) the load is open-loop: request i
 is due at ``start + i / RATE`` and its latency counts from when it was due if every
 connection was still busy then (no coordinated omission), else from when it was sent.
+With WARMUP, requests due in its first seconds are sent but not recorded: those that
+waited for their connection to open (thousands of connections open over seconds).
 """
 
 from __future__ import annotations
@@ -51,11 +54,12 @@ async def _connection(
 class _Schedule:
     """Hands out the due times of an open-loop load at ``rate`` requests per second."""
 
-    def __init__(self, rate: float, seconds: float) -> None:
+    def __init__(self, rate: float, seconds: float, warmup: float = 0.0) -> None:
         self._start = time.perf_counter()
         self._interval = 1.0 / rate
         self._count = int(rate * seconds)
         self._next = 0
+        self.recorded_from = self._start + warmup  # requests due before it are not recorded
 
     def take(self) -> float | None:
         if self._next >= self._count:
@@ -90,7 +94,8 @@ async def _paced_connection(
                 if name.strip().lower() == b"content-length":
                     length = int(value)
             await reader.readexactly(length)
-            results.append((status, time.perf_counter() - started))
+            if due >= schedule.recorded_from:
+                results.append((status, time.perf_counter() - started))
     except (ConnectionError, asyncio.IncompleteReadError):
         results.append((-1, 0.0))
     finally:
@@ -98,13 +103,18 @@ async def _paced_connection(
 
 
 async def run(
-    url: str, body: bytes, connections: int, seconds: float, rate: float | None = None
+    url: str,
+    body: bytes,
+    connections: int,
+    seconds: float,
+    rate: float | None = None,
+    warmup: float = 0.0,
 ) -> list[tuple[int, float]]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     results: list[tuple[int, float]] = []
     if rate:
-        schedule = _Schedule(rate, seconds)
+        schedule = _Schedule(rate, seconds, warmup)
         clients = [
             _paced_connection(host, port, parts.path, body, schedule, results)
             for _ in range(connections)
@@ -126,13 +136,15 @@ def main() -> None:
         float(sys.argv[4]),
     )
     rate = float(sys.argv[5]) if len(sys.argv) > 5 else None
+    warmup = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    results = asyncio.run(run(url, Path(body_file).read_bytes(), connections, seconds, rate))
+    body = Path(body_file).read_bytes()
+    results = asyncio.run(run(url, body, connections, seconds, rate, warmup))
     json.dump(results, sys.stdout)
 
 
