@@ -98,7 +98,8 @@ LONG_CONNECTIONS = 5000  # scenario 9: rollouts in flight at once, each awaiting
 LONG_WAIT = 5.0  # seconds the stand-in LLM takes to answer
 # Its latency under a steady load: rollouts arriving evenly at the bound, LONG_CONNECTIONS
 # in flight (wrk's closed loop sends them in waves of thousands), over a tenth more
-# connections so that none waits for one; counted once the connections are open and the
+# connections so that none waits for one while the server keeps up (one that does not
+# makes them wait: counted as latency); counted once the connections are open and the
 # first answers are back.
 LONG_RATE = LONG_CONNECTIONS / LONG_WAIT
 LONG_STEADY_CONNECTIONS = LONG_CONNECTIONS + LONG_CONNECTIONS // 10
@@ -374,11 +375,15 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def generated(command: list[str], threads: int) -> tuple[str, dict[str, float]]:
+def generated(
+    command: list[str], threads: int, timeout: float | None = None
+) -> tuple[str, dict[str, float]]:
     """Run a load generator; its output, and the share of its cores it used (``client_cpu``
     in cores, ``client_bound`` when it is over CLIENT_BOUND of them)."""
     cpu, started = children_cpu(), time.monotonic()
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        command, capture_output=True, text=True, check=True, timeout=timeout
+    ).stdout
     cores = (children_cpu() - cpu) / (time.monotonic() - started)
     return out, {"client_cpu": cores, "client_bound": float(cores >= CLIENT_BOUND * threads)}
 
@@ -433,7 +438,8 @@ def loadgen(
     warmup: float = 0.0,
 ) -> dict[str, float]:
     """``connections`` posting for ``seconds``; with ``rate``, open-loop at that rate, the
-    requests due in the first ``warmup`` seconds sent but not counted."""
+    latencies of the requests due in the first ``warmup`` seconds not counted (a failure
+    is), and req/s what was answered."""
     out, cpu = generated(
         [
             PY,
@@ -445,12 +451,15 @@ def loadgen(
             *([f"{rate:.0f}", f"{warmup:g}"] if rate else []),
         ],
         threads=1,
+        timeout=seconds + 120,  # a request that never ends would hang the run
     )
-    seconds -= warmup if rate else 0.0
     results = json.loads(out)
-    accepted = sorted(latency for status, latency in results if status == 200)
-    rejected = sum(1 for status, _ in results if status == 503)
+    accepted = sorted(latency for status, latency, _ in results if status == 200)
+    rejected = sum(1 for status, _, _ in results if status == 503)
     total = len(results)
+    if rate:  # what the server answered a second, not what was sent: from first to last answer
+        answered = [at for status, _, at in results if status == 200]
+        seconds = max(answered) - min(answered) if len(answered) > 1 else float("nan")
 
     def pct(values: list[float], q: float) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
