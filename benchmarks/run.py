@@ -17,6 +17,7 @@ package) and, for the overload and fixed-rate scenarios, benchmarks/loadgen.py. 
 from __future__ import annotations
 
 import argparse
+import atexit
 import compileall
 import contextlib
 import importlib.util
@@ -162,6 +163,14 @@ def ensure_wrk() -> str:
     if wrk is None:
         sys.exit("wrk is missing: apt-get install wrk")
     return wrk
+
+
+def ensure_py_spy() -> str:
+    """py-spy, looked for before the first run rather than at the first profile."""
+    py_spy = shutil.which("py-spy", path=f"{Path(PY).parent}:{os.environ.get('PATH', '')}")
+    if py_spy is None:
+        sys.exit("py-spy is missing (for --profile): pip install py-spy")
+    return py_spy
 
 
 @dataclass
@@ -516,7 +525,7 @@ def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]
     """py-spy's samples of ``server`` over ``seconds``: the top frames by own time."""
     assert server.proc is not None
     subprocess.run(
-        [PY_SPY, "record", "--pid", str(server.proc.pid), "--duration", f"{seconds:.0f}",
+        [ensure_py_spy(), "record", "--pid", str(server.proc.pid), "--duration", f"{seconds:.0f}",
          "--rate", "250", "--format", "raw", "--nonblocking", "--output", str(out)],
         capture_output=True, check=True,
     )  # fmt: skip
@@ -527,12 +536,11 @@ def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]
         leaf = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])  # per function, not line
         leaf = re.sub(r" \(/.*?site-packages/", " (", leaf)
         leaf = re.sub(r" \(/[^)]*/(runtime|processors_base)/", r" (\1/", leaf)
+        leaf = leaf or "(no Python frame: uvloop's C code, a system call)"  # an empty stack
         own[leaf] = own.get(leaf, 0) + int(count)
         total += int(count)
     return [(frame, n / total) for frame, n in sorted(own.items(), key=lambda x: -x[1])[:15]]
 
-
-PY_SPY = shutil.which("py-spy", path=f"{Path(PY).parent}:{os.environ.get('PATH', '')}") or "py-spy"
 
 CODEC_PROBE = r"""
 import json, sys, time
@@ -588,7 +596,10 @@ def main() -> None:
     RUNTIME_ROOT = args.root
     seconds = args.duration
     wrk_bin = ensure_wrk()
+    if args.profile or args.profile_only:
+        ensure_py_spy()
     work = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # a failed run's too
     script = lua_post(work / "post.lua", BODY)
     body_file = work / "body.json"
     body_file.write_text(BODY)
@@ -619,7 +630,6 @@ def main() -> None:
             server.stop()
         for frame, share in frames:
             print(f"{share:6.1%}  {frame}")
-        shutil.rmtree(work, ignore_errors=True)
         return
 
     sdk = {kind: ensure_sdk(kind) for kind in SDK_VENVS}
@@ -854,7 +864,6 @@ def main() -> None:
     report = render(rows, s1, s2, s3, s4, s5, s6, s7, cold, s9, s10, seconds, profiled, before)
     Path(args.output).write_text(report)
     print(report)
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def bound(*results: dict[str, float]) -> str:
