@@ -443,7 +443,6 @@ class _Background:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.pid = os.getpid()
         threading.Thread(target=self.loop.run_forever, name="reward-client", daemon=True).start()
 
     def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
@@ -455,12 +454,24 @@ _loop: _Background | None = None
 _clients: dict[str, RewardClient] = {}
 
 
+def _forget_in_child() -> None:
+    """A forked child (AReaL's pool of reward processes) has no background thread, and a
+    lock that another thread held at the fork stays held there forever: start afresh."""
+    global _lock, _loop
+    _lock = threading.Lock()
+    _loop = None
+    _clients.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _background() -> _Background:
     global _loop
     with _lock:
-        if _loop is None or _loop.pid != os.getpid():  # a forked child needs its own thread
+        if _loop is None:
             _loop = _Background()
-            _clients.clear()
         return _loop
 
 
