@@ -521,14 +521,16 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, Linux {platform.release()}, Python {platform.python_version()}"
 
 
-def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]]:
+def profile(py_spy: str, server: Server, seconds: float, out: Path) -> list[tuple[str, float]]:
     """py-spy's samples of ``server`` over ``seconds``: the top frames by own time."""
     assert server.proc is not None
-    subprocess.run(
-        [ensure_py_spy(), "record", "--pid", str(server.proc.pid), "--duration", f"{seconds:.0f}",
+    done = subprocess.run(
+        [py_spy, "record", "--pid", str(server.proc.pid), "--duration", f"{seconds:.0f}",
          "--rate", "250", "--format", "raw", "--nonblocking", "--output", str(out)],
-        capture_output=True, check=True,
+        capture_output=True, text=True,
     )  # fmt: skip
+    if done.returncode != 0:  # not allowed to trace (ptrace in a container, say): say why
+        sys.exit(f"py-spy failed: {done.stderr.strip()}")
     own: dict[str, int] = {}
     total = 0
     for line in out.read_text().splitlines():
@@ -536,7 +538,7 @@ def profile(server: Server, seconds: float, out: Path) -> list[tuple[str, float]
         leaf = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])  # per function, not line
         leaf = re.sub(r" \(/.*?site-packages/", " (", leaf)
         leaf = re.sub(r" \(/[^)]*/(runtime|processors_base)/", r" (\1/", leaf)
-        leaf = leaf or "(no Python frame: uvloop's C code, a system call)"  # an empty stack
+        leaf = leaf or "(unreadable sample: py-spy --nonblocking)"  # read while it changed
         own[leaf] = own.get(leaf, 0) + int(count)
         total += int(count)
     return [(frame, n / total) for frame, n in sorted(own.items(), key=lambda x: -x[1])[:15]]
@@ -596,8 +598,7 @@ def main() -> None:
     RUNTIME_ROOT = args.root
     seconds = args.duration
     wrk_bin = ensure_wrk()
-    if args.profile or args.profile_only:
-        ensure_py_spy()
+    py_spy = ensure_py_spy() if args.profile or args.profile_only else ""
     work = Path(tempfile.mkdtemp(prefix="rl-bench-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)  # a failed run's too
     script = lua_post(work / "post.lua", BODY)
@@ -624,7 +625,7 @@ def main() -> None:
                 [wrk_bin, "-t1", "-c32", f"-d{seconds + 2:g}s", "-s", str(script),
                  f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
             )  # fmt: skip
-            frames = profile(server, seconds, work / "profile.txt")
+            frames = profile(py_spy, server, seconds, work / "profile.txt")
             load.wait()
         finally:
             server.stop()
@@ -656,7 +657,7 @@ def main() -> None:
              f"{server.url}/api/v1"], stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            return profile(server, seconds, work / "profile.txt")
+            return profile(py_spy, server, seconds, work / "profile.txt")
         finally:
             load.wait()
 
