@@ -14,8 +14,9 @@ every one seen so far, 0.0 where it has none, for trainers that stack metrics by
 numpy values plain numbers, anything else its text.
 
 Trainers call reward hooks from threads, from their own event loops, or from pools of
-processes; ``shared_client(url)`` gives one client per URL and process, living on a
-background event loop, usable from any of them (``score_sync`` or ``await score_async``).
+processes; ``shared_client(url, **options)`` gives one client per URL, options and
+process, living on a background event loop, usable from any of them (``score_sync`` or
+``await score_async``).
 """
 
 from __future__ import annotations
@@ -36,9 +37,28 @@ from typing import Any
 import httpx
 import orjson
 
+from processors_base.redaction import Secrets, redact
+
 __all__ = ["RewardClient", "RewardResult", "shared_client"]
 
 log = logging.getLogger("processors_base.client")
+
+
+class _UrlsWithoutSecrets(logging.Filter):
+    """httpx logs each request's URL at INFO: here without its password or query (a token)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(_secret_in(arg) for arg in args):
+            record.args = tuple(_loggable(str(a)) if _secret_in(a) else a for a in args)
+        return True
+
+
+def _secret_in(value: Any) -> bool:
+    return isinstance(value, httpx.URL) and bool(value.userinfo or value.query)
+
+
+logging.getLogger("httpx").addFilter(_UrlsWithoutSecrets())
 
 URL_ENV = "AGENTIC_RL_REWARD_URL"
 _RETRY_STATUS = (429, 503)
@@ -54,6 +74,9 @@ class RewardResult:
     reason: str | None = None  # why it failed: the error code and message, or the transport error
 
 
+_LATER = 0.1  # seconds past a call's deadline that its answer may take, at most
+_MIN_SECRET = 8  # characters: a shorter header or query value (a flag, "1") is not blanked
+MAX_ANSWER = 16 * 1024 * 1024  # bytes of an answer read at most: a reward output is small
 NAMES_WAIT = 2.0  # seconds a call waits at most for /health's metric names
 NAMES_TIMEOUT = 10.0  # seconds the GET of /health may take
 MAX_NAMES = 1000  # declared metric names taken from /health at most
@@ -81,8 +104,24 @@ class RewardClient:
         url = url or os.environ.get(URL_ENV, "")
         if not url:
             raise ValueError(f"no reward function URL: pass url= or set {URL_ENV}")
-        url = url.rstrip("/")
-        self.url = url if url.endswith("/api/v1") else url + "/api/v1"
+        if not (isinstance(concurrency, int) and concurrency >= 1):
+            raise ValueError(f"concurrency must be a whole number >= 1, not {concurrency!r}")
+        if not _seconds(timeout):
+            raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:  # its text may quote a password: not shown
+            raise ValueError("the reward function URL is not a valid http(s) URL") from exc
+        path = parsed.path.rstrip("/")  # the path only: a query (a token) stays after it
+        self.url = str(
+            parsed.copy_with(path=path if path.endswith("/api/v1") else path + "/api/v1")
+        )
+        # blanked from every failure's reason: the headers' values (an API key), the URL's
+        # password and query values; credential shapes (Bearer ...) are blanked besides
+        values = [*(headers or {}).values(), parsed.password or ""]
+        values += [value for _, value in parsed.params.multi_items()]
+        parts = {part.strip() for v in values for part in (v, *v.split()[-1:])}  # Bearer's too
+        self._secrets = Secrets(part for part in parts if len(part) >= _MIN_SECRET)
         self.timeout = timeout
         self.max_retry_wait = max_retry_wait
         self._concurrency = concurrency
@@ -144,8 +183,13 @@ class RewardClient:
     async def call(self, body: dict[str, Any], *, timeout: float | None = None) -> RewardResult:
         """Post one RewardInput (as a dict); never raises for a failed call."""
         timeout = self.timeout if timeout is None else timeout
+        if not _seconds(timeout):
+            return self._failed(f"timeout must be a number of seconds > 0, not {timeout!r}")
         deadline = time.monotonic() + timeout
-        answered, result = await self._call(body, timeout, deadline)
+        try:
+            answered, result = await self._call(body, timeout, deadline)
+        except Exception as exc:  # a bug of ours, a closed loop: still a score, not a crash
+            answered, result = False, self._failed(f"{type(exc).__name__}: {exc}")
         # the server is up (it answered this call, and no failure since): ask it its metric
         # names, once
         if answered and not self._learnt and self._circuit.state == "closed":
@@ -169,8 +213,10 @@ class RewardClient:
 
     async def _get_names(self) -> None:
         try:
-            answer = await self._http.get(self._health_url, timeout=NAMES_TIMEOUT)
-            data = answer.json()
+            answer = await asyncio.wait_for(
+                self._fetch("GET", self._health_url, NAMES_TIMEOUT), NAMES_TIMEOUT
+            )
+            data = orjson.loads(answer.body)
         except Exception as exc:  # unreachable, not JSON, nested too deep: no names this time
             self._learn_tries += 1
             self._learnt = self._learn_tries >= 3
@@ -183,7 +229,7 @@ class RewardClient:
             declared = dict.fromkeys(n for n in names[:MAX_NAMES] if isinstance(n, str))
             self._metric_names = {**declared, **self._metric_names}
             self._learnt = True
-        elif answer.status_code == 200:  # a server that declares none (an older one)
+        elif answer.status == 200:  # a server that declares none (an older one)
             self._learnt = True
         else:  # a proxy's 502 or 503 before the server: ask again later
             self._learn_tries += 1
@@ -223,21 +269,28 @@ class RewardClient:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return answered, self._failed(late)
-                    answer = await self._http.post(
-                        self.url, content=content, headers=_JSON_HEADERS, timeout=left
+                    # The deadline bounds the whole answer: httpx's timeout bounds each read
+                    # only (an answer sent a byte at a time outlasts it). A hair later than
+                    # httpx's, so that a connect timeout is seen as one (the circuit counts it).
+                    answer = await asyncio.wait_for(
+                        self._fetch("POST", self.url, left, content), left + _LATER
                     )
+                except _Cut as exc:  # answered, then cut: the server is up, and may have scored it
+                    circuit.answered()
+                    return True, self._failed(f"the answer was cut: {exc}")
                 except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
-                    reason = f"{type(exc).__name__}: {exc}"
+                    reason = redact(f"{type(exc).__name__}: {exc}", self._secrets)
                     closed = circuit.connection_failed(reason, probe=probing)
                     probing = False
                     if not closed:  # open: no retry would reach it
                         return answered, self._failed(circuit.reason(), quiet=True)
                     wait = min(0.1 * 2**tries, 2.0)  # the server may be restarting: try again
                 except httpx.ConnectTimeout as exc:  # no handshake at all: a host that drops
-                    circuit.connection_failed(f"ConnectTimeout: {exc}", probe=probing)
+                    reason = redact(f"ConnectTimeout: {exc}", self._secrets)
+                    circuit.connection_failed(reason, probe=probing)
                     probing = False
                     return answered, self._failed(late)
-                except httpx.TimeoutException:
+                except (httpx.TimeoutException, asyncio.TimeoutError):
                     return answered, self._failed(late)
                 except httpx.HTTPError as exc:
                     return answered, self._failed(f"{type(exc).__name__}: {exc}")
@@ -245,10 +298,10 @@ class RewardClient:
                     probing = False
                     answered = True
                     circuit.answered()  # even a 503: the server is up
-                    if answer.status_code not in _RETRY_STATUS:
+                    if answer.status not in _RETRY_STATUS:
                         return answered, self._read(answer)
-                    wait = _retry_after(answer.headers.get("retry-after"), tries)
-                    reason = f"HTTP {answer.status_code}: {_error(answer)}"
+                    wait = _retry_after(answer.retry_after, tries)
+                    reason = f"HTTP {answer.status}: {_error(answer.body)}"
                 finally:
                     self._semaphore.release()
                 wait = min(wait, self.max_retry_wait)
@@ -260,26 +313,53 @@ class RewardClient:
             if probing:  # ended before its try (cancelled, its deadline): the next call probes
                 circuit.probe_abandoned()
 
-    def _read(self, answer: httpx.Response) -> RewardResult:
-        if answer.status_code != 200:
-            return self._failed(f"HTTP {answer.status_code}: {_error(answer)}")
+    async def _fetch(
+        self, method: str, url: str, timeout: float, content: bytes | None = None
+    ) -> _Answer:
+        """One exchange, its answer read whole up to MAX_ANSWER bytes (_Cut: the connection
+        broke, or the answer was larger, after its status line)."""
+        headers = _JSON_HEADERS if content is not None else None
+        request = self._http.build_request(
+            method, url, content=content, headers=headers, timeout=timeout
+        )
+        answer = await self._http.send(request, stream=True)
         try:
-            data = answer.json()
+            body = bytearray()
+            async for chunk in answer.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_ANSWER:
+                    raise _Cut(f"it is larger than {MAX_ANSWER} bytes, read no further")
+        except httpx.TimeoutException:
+            raise
+        except httpx.HTTPError as exc:
+            raise _Cut(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            await answer.aclose()
+        return _Answer(answer.status_code, answer.headers.get("retry-after"), bytes(body))
+
+    def _read(self, answer: _Answer) -> RewardResult:
+        if answer.status != 200:
+            return self._failed(f"HTTP {answer.status}: {_error(answer.body)}")
+        try:
+            data = orjson.loads(answer.body)
             reward = data["reward"]
             score = float(reward["reward_score"])
             metrics = {k: float(v) for k, v in (reward.get("reward_metrics") or {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             return self._failed("the answer is not a reward output")
         if not math.isfinite(score) or not all(map(math.isfinite, metrics.values())):
             return self._failed("the answer holds a non-finite number")
         self._metric_names.update(dict.fromkeys(metrics))  # call() adds the others, as 0.0
         if data.get("status") == "failed":  # the function said so itself: failed is 0.0
-            reason = f"{data.get('error_code') or 'FAILED'}: {data.get('error')}"
+            reason = redact(
+                f"{data.get('error_code') or 'FAILED'}: {data.get('error')}", self._secrets
+            )
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
             return RewardResult(0.0, metrics, True, reason)
         return RewardResult(score, metrics)
 
     def _failed(self, reason: str, *, quiet: bool = False) -> RewardResult:
+        reason = redact(reason, self._secrets)  # a header's value quoted by an httpx error
         if not quiet:  # the circuit breaker's failures: logged once per state change instead
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
         return RewardResult(0.0, {}, True, reason)  # call() adds every metric name, as 0.0
@@ -414,25 +494,42 @@ def _plain(value: Any) -> Any:
     return tolist() if callable(tolist) else str(value)
 
 
-def _error(answer: httpx.Response) -> str:
+@dataclass
+class _Answer:
+    status: int
+    retry_after: str | None
+    body: bytes
+
+
+class _Cut(Exception):
+    """The connection broke, or the answer grew too large, after its status line."""
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a deadline: a finite number of seconds above 0."""
+    return isinstance(value, (int, float)) and 0 < value < math.inf
+
+
+def _error(body: bytes) -> str:
     try:
-        data = answer.json()
+        data = orjson.loads(body)
         return f"{data.get('error_code')}: {data.get('error')}"
     except (ValueError, AttributeError):
-        return answer.text[:200]
+        return body[:200].decode(errors="replace")
 
 
 def _retry_after(value: str | None, tries: int) -> float:
-    """Seconds to wait: Retry-After as seconds or an HTTP date, else a backoff."""
+    """Seconds to wait: Retry-After as seconds or an HTTP date in the future, else (none,
+    0, a past date, garbage: a retry at once, which a storm of calls would repeat) a
+    backoff."""
+    seconds = math.nan
     if value:
         try:
-            return max(0.0, float(value))
+            seconds = float(value)
         except ValueError:
-            try:
-                return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-            except (TypeError, ValueError):
-                pass  # neither: back off as without one
-    return min(0.1 * 2**tries, 2.0)
+            with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    return seconds if 0 < seconds < math.inf else min(0.1 * 2**tries, 2.0)
 
 
 # --- one client per URL and process, on a background loop --------------------------------
@@ -476,15 +573,17 @@ def _background() -> _Background:
 
 
 def shared_client(url: str | None = None, **options: Any) -> RewardClient:
-    """The process's client for ``url`` (default: $AGENTIC_RL_REWARD_URL), made once."""
+    """The process's client for ``url`` (default: $AGENTIC_RL_REWARD_URL) and ``options``,
+    made once."""
     url = url or os.environ.get(URL_ENV, "")
+    key = f"{url}\0{sorted(options.items())!r}"  # other options (a deadline, headers): another
     background = _background()
     with _lock:
-        client = _clients.get(url)
+        client = _clients.get(key)
         if client is None:
             # made on the background loop, where its connections will live
             client = background.submit(_make(url, options)).result()
-            _clients[url] = client
+            _clients[key] = client
         return client
 
 

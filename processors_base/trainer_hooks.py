@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -188,9 +189,10 @@ def trl_reward_func(
     columns reach the function in ``rollout_extra``. A failed call scores ``failed_value``
     (None tells TRL to leave this reward out of the sample's sum).
     """
-    client = shared_client(url, **client_options)
+    shared_client(url, **client_options)  # a missing URL or a bad option: raised here, at once
 
     def reward(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list:
+        client = shared_client(url, **client_options)  # at each call: a forked child has its own
         column = ground_truth_column or next(
             (c for c in GROUND_TRUTH_COLUMNS if c in columns), None
         )
@@ -235,7 +237,7 @@ class AReaLReward:
     ) -> float:
         timeout = self.timeout
         if timeout is None:
-            timeout = float(os.environ.get(TIMEOUT_ENV) or AREAL_TIMEOUT)
+            timeout = _env_seconds(TIMEOUT_ENV, AREAL_TIMEOUT)
         column = next((c for c in GROUND_TRUTH_COLUMNS if c in kwargs), None)
         messages = _messages(prompt, "user") + _messages(completions, "assistant")
         truth = _jsonable(kwargs[column]) if column else None
@@ -257,6 +259,19 @@ def areal_reward_fn(
 
 
 # --- helpers -----------------------------------------------------------------------------
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name``, else ``default``; a ValueError that
+    names it when it is not a number of seconds above 0."""
+    value = os.environ.get(name) or ""
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"{name}={value!r} is not a number of seconds above 0")
+    return seconds
 
 
 def _messages(value: Any, role: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from conftest import free_port
 from helpers import RawServer, http, send, wait_for
 
 from processors_base.client import RewardClient, RewardResult, shared_client
-from processors_base.trainer_hooks import AReaLReward, trl_reward_func
+from processors_base.trainer_hooks import trl_reward_func
 
 ANSWER = [{"role": "assistant", "content": "42"}]
 REWARD = http(200, b'{"status": "succeeded", "reward": {"reward_score": 1.0}}')
@@ -197,10 +197,10 @@ async def test_busy_answers_never_open_it(caplog: pytest.LogCaptureFixture) -> N
 def test_sync_hooks_fail_fast_on_a_down_server(caplog: pytest.LogCaptureFixture) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     counting = Counting()
-    # TRL's hook makes the process's client for this URL; AReaL's hook below shares it
-    reward = trl_reward_func(
-        url, failure_threshold=4, cool_down=3600, timeout=60, transport=counting
-    )
+    # one client a process for this URL and these options: a second hook made with them
+    # shares it, and its open circuit
+    options = {"failure_threshold": 4, "cool_down": 3600, "timeout": 60, "transport": counting}
+    reward = trl_reward_func(url, **options)
     batch = {"prompts": ["q"] * 16, "completions": ["42"] * 16, "answer": ["42"] * 16}
     assert reward(**batch) == [0.0] * 16
     # the 4 failures that open it and at most one try per call besides (without the
@@ -208,9 +208,9 @@ def test_sync_hooks_fail_fast_on_a_down_server(caplog: pytest.LogCaptureFixture)
     assert 4 <= counting.tries <= 4 + 16
     tries = counting.tries
     assert reward(**batch) == [0.0] * 16  # the next step: no connection attempt at all
-    assert AReaLReward(url)("q", "42", answer="42") == 0.0
+    assert trl_reward_func(url, name="another", **options)(**batch) == [0.0] * 16
     assert counting.tries == tries
-    assert shared_client(url).circuit == "open"
+    assert shared_client(url, **options).circuit == "open"
     assert lines(caplog, "cannot connect") == 1
     assert lines(caplog, "circuit open") == 1
     assert lines(caplog, "reward call to") == 0

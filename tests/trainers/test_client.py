@@ -180,12 +180,14 @@ def test_a_forked_child_does_not_inherit_a_held_client_lock(
     with client_module._lock:
         child = context.Process(target=_score_in_child, args=(theirs,))
         child.start()
+    theirs.close()  # a child that dies is an EOF here, not a hang
     try:
         assert ours.poll(30), "the forked child hung on the client lock held at the fork"
         assert ours.recv() == 1.0
     finally:
         child.kill()
         child.join()
+        ours.close()
 
 
 # --- odd values, failed scores, deadlines on the trainers' side -------------------------

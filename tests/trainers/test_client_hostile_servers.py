@@ -1,0 +1,185 @@
+"""The reward client against servers that answer badly: what a trainer meets from a
+broken proxy, a hostile endpoint or its own misconfiguration. Every failure is a score of
+0.0 marked failed, within the call's deadline, naming no secret; never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections.abc import Awaitable, Callable, Iterator
+from multiprocessing.connection import Connection
+
+import orjson
+import pytest
+from conftest import Server
+from helpers import RawServer, http, send, started
+
+from processors_base.client import MAX_ANSWER, RewardClient, shared_client
+from processors_base.trainer_hooks import AReaLReward, trl_reward_func, verl_compute_score_sync
+
+ANSWER = [{"role": "assistant", "content": "42"}]
+GOOD = orjson.dumps({"status": "success", "reward": {"reward_score": 1.0}})
+Writer = asyncio.StreamWriter
+
+
+def answering(body: bytes, status: int = 200) -> Callable[[str, str, Writer], Awaitable[None]]:
+    async def handle(method: str, target: str, writer: Writer) -> None:
+        await send(writer, http(status, body))
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    "status, body",
+    [
+        (200, b'{"reward": {"reward_score": 1' + b"0" * 400 + b"}}"),  # past a float
+        (200, b'{"reward": {"reward_score": 1.0, "reward_metrics": {"m": 1' + b"0" * 400 + b"}}}"),
+        (200, b"[" * 100_000 + b"]" * 100_000),  # past any parser's depth
+        (500, b"[" * 100_000 + b"]" * 100_000),
+        (200, b'"' + b"a" * (MAX_ANSWER + 1) + b'"'),  # read no further than MAX_ANSWER
+    ],
+    ids=["huge-score", "huge-metric", "deep", "deep-error", "too-large"],
+)
+async def test_a_hostile_answer_is_a_failed_score_never_an_exception(
+    status: int, body: bytes
+) -> None:
+    with RawServer(answering(body, status)) as server:
+        async with RewardClient(server.base_url, timeout=30) as client:
+            result = await client.score(ANSWER, "42")
+        assert (result.score, result.failed) == (0.0, True)
+        assert result.reason is not None
+        # the hooks too: each returns its failure, none raises
+        loop = asyncio.get_running_loop()
+        verl = await loop.run_in_executor(
+            None, lambda: verl_compute_score_sync("d", "42", "42", url=server.base_url)
+        )
+        assert (verl["score"], verl["reward_failed"]) == (0.0, 1.0)
+        trl = trl_reward_func(server.base_url, failed_value=None)
+        assert await loop.run_in_executor(None, lambda: trl(["q"], ["42"])) == [None]
+
+
+async def test_the_deadline_bounds_an_answer_sent_a_byte_at_a_time() -> None:
+    async def trickle(method: str, target: str, writer: Writer) -> None:
+        for byte in http(200, GOOD):  # about 80 bytes, one every 0.25 s: 20 s in all
+            if not await send(writer, bytes([byte])):
+                return
+            await asyncio.sleep(0.25)
+
+    with RawServer(trickle) as server:
+        async with RewardClient(server.base_url, timeout=1) as client:
+            result = await client.score(ANSWER, "42")
+    # httpx's timeout bounds each read only: each byte came within it
+    assert result.failed and result.reason == "DEADLINE_EXCEEDED: no answer within 1s"
+
+
+async def test_an_answer_cut_after_its_status_is_not_retried_nor_a_connection_failure() -> None:
+    posts: list[str] = []
+
+    async def cut(method: str, target: str, writer: Writer) -> None:
+        if method == "POST":
+            posts.append(target)
+        await send(writer, http(200, GOOD)[:-20])
+        writer.close()  # the server may have scored it: a retry would score it twice
+
+    with RawServer(cut) as server:
+        async with RewardClient(server.base_url, timeout=10, failure_threshold=1) as client:
+            result = await client.score(ANSWER, "42")
+            assert result.failed and result.reason is not None
+            assert result.reason.startswith("the answer was cut: ")
+            assert client.circuit == "closed"  # it answered: the server is up
+    assert posts == ["/api/v1"]
+
+
+async def test_garbage_retry_after_backs_off_instead_of_retrying_at_once() -> None:
+    posts = []
+
+    async def refuse(method: str, target: str, writer: Writer) -> None:
+        posts.append(target)
+        head = b"HTTP/1.1 503 X\r\nRetry-After: nan\r\nContent-Length: 2\r\n\r\n{}"
+        await send(writer, head)
+
+    with RawServer(refuse) as server:
+        async with RewardClient(server.base_url, timeout=1.5) as client:
+            result = await client.score(ANSWER, "42")
+    assert result.failed and result.reason is not None and "HTTP 503" in result.reason
+    # backing off (0.2, 0.4, 0.8 s) it asks a few times; at once, hundreds of times
+    assert 1 < len(posts) <= 6
+
+
+async def test_no_secret_reaches_a_reason_or_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    targets = []
+
+    async def record(method: str, target: str, writer: Writer) -> None:
+        targets.append((method, target))
+        await send(writer, http(200, GOOD))
+
+    caplog.set_level(logging.INFO)
+    with RawServer(record) as server:
+        base = f"http://trainer:pass-s3cret@127.0.0.1:{server.port}/?token=tok3n-s3cret"
+        async with RewardClient(base) as client:
+            ok = await client.score(ANSWER, "42")
+        # a key read from a file with its newline: httpx refuses it, quoting the value
+        bad = {"Authorization": "Bearer sk-VERYSECRET123\n"}
+        async with RewardClient(server.base_url, headers=bad) as client:
+            refused = await client.score(ANSWER, "42")
+    assert (ok.score, ok.failed) == (1.0, False)
+    # the query kept, after the path (of /health too, where the metric names are read)
+    assert ("POST", "/api/v1?token=tok3n-s3cret") in targets
+    assert {t for _, t in targets} <= {"/api/v1?token=tok3n-s3cret", "/health?token=tok3n-s3cret"}
+    assert refused.failed and refused.reason is not None
+    assert "LocalProtocolError" in refused.reason
+    for secret in ("pass-s3cret", "tok3n-s3cret", "VERYSECRET123"):
+        assert secret not in refused.reason
+        assert secret not in caplog.text
+    assert "HTTP Request: POST http://127.0.0.1" in caplog.text  # httpx's line, without them
+
+
+def test_clients_are_shared_by_url_and_options() -> None:
+    url = "http://127.0.0.1:9/api/v1"  # never called
+    assert shared_client(url, timeout=2) is shared_client(url, timeout=2)
+    assert shared_client(url, timeout=2).timeout == 2
+    assert shared_client(url, timeout=100).timeout == 100  # not the first one's deadline
+
+
+def test_bad_settings_are_errors_that_name_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="concurrency must be a whole number >= 1, not 0"):
+        RewardClient("http://127.0.0.1:9", concurrency=0)
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0, not nan"):
+        RewardClient("http://127.0.0.1:9", timeout=float("nan"))
+    with pytest.raises(ValueError, match="not a valid http") as raised:
+        RewardClient("http://user:pass-s3cret@[::1")
+    assert "pass-s3cret" not in str(raised.value)
+    monkeypatch.setenv("AGENTIC_RL_REWARD_TIMEOUT", "abc")
+    with pytest.raises(ValueError, match="AGENTIC_RL_REWARD_TIMEOUT='abc' is not a number"):
+        AReaLReward("http://127.0.0.1:9")("q", "42")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from started("workspace.trainer_fns:MatchReward")
+
+
+def _trl_in_child(trl: Callable[..., list[float | None]], conn: Connection) -> None:
+    conn.send(trl(["q"], ["42"], answer=["42"]))
+
+
+@pytest.mark.filterwarnings(  # the fork is the point (see test_client.py's _FORKS_THREADS)
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+def test_a_trl_reward_function_made_before_a_fork_scores_in_the_child(server: Server) -> None:
+    trl = trl_reward_func(server.url)
+    assert trl(["q"], ["42"], answer=["42"]) == [1.0]  # the parent's client, on its loop
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_trl_in_child, args=(trl, theirs))
+    child.start()
+    theirs.close()
+    try:
+        assert ours.poll(30), "the forked child gave no score"
+        assert ours.recv() == [1.0]
+    finally:
+        child.kill()
+        child.join()
+        ours.close()
+    assert trl(["q"], ["42"], answer=["42"]) == [1.0]  # and the parent's still works
