@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import orjson
 
-from processors_base.redaction import Secrets, redact
+from processors_base.redaction import CUT_MARGIN, Secrets, redact, redact_head
 
 __all__ = ["RewardClient", "RewardResult", "shared_client"]
 
@@ -45,12 +45,13 @@ log = logging.getLogger("processors_base.client")
 
 
 class _UrlsWithoutSecrets(logging.Filter):
-    """httpx logs each request's URL at INFO: here without its password or query (a token)."""
+    """httpx logs each request's URL at INFO (any client's in this process): here without
+    its password or query, which may hold a token."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and any(_secret_in(arg) for arg in args):
-            record.args = tuple(_loggable(str(a)) if _secret_in(a) else a for a in args)
+            record.args = tuple(_url_shown(a) if _secret_in(a) else a for a in args)
         return True
 
 
@@ -58,11 +59,21 @@ def _secret_in(value: Any) -> bool:
     return isinstance(value, httpx.URL) and bool(value.userinfo or value.query)
 
 
+def _url_shown(url: Any) -> str:
+    try:
+        return str(url.copy_with(username=None, password=None, query=None, fragment=None))
+    except Exception:  # a URL httpx took but cannot rebuild (too long): never fail a log line
+        return "(the URL, left out)"
+
+
 logging.getLogger("httpx").addFilter(_UrlsWithoutSecrets())
 
 URL_ENV = "AGENTIC_RL_REWARD_URL"
 _RETRY_STATUS = (429, 503)
 _JSON_HEADERS = {"content-type": "application/json"}
+# An answer is read as sent, up to MAX_ANSWER: a compressed one would be inflated before
+# it could be measured (32 KB of zstd took 2 GB), on the event loop, past any deadline.
+_IDENTITY = {"accept-encoding": "identity"}
 _ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
@@ -77,6 +88,7 @@ class RewardResult:
 _LATER = 0.1  # seconds past a call's deadline that its answer may take, at most
 _MIN_SECRET = 8  # characters: a shorter header or query value (a flag, "1") is not blanked
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of an answer read at most: a reward output is small
+MAX_REASON = 2000  # characters of a failure's reason at most
 NAMES_WAIT = 2.0  # seconds a call waits at most for /health's metric names
 NAMES_TIMEOUT = 10.0  # seconds the GET of /health may take
 MAX_NAMES = 1000  # declared metric names taken from /health at most
@@ -118,7 +130,7 @@ class RewardClient:
         )
         # blanked from every failure's reason: the headers' values (an API key), the URL's
         # password and query values; credential shapes (Bearer ...) are blanked besides
-        values = [*(headers or {}).values(), parsed.password or ""]
+        values = [_text(v) for v in (headers or {}).values()] + [parsed.password or ""]
         values += [value for _, value in parsed.params.multi_items()]
         parts = {part.strip() for v in values for part in (v, *v.split()[-1:])}  # Bearer's too
         self._secrets = Secrets(part for part in parts if len(part) >= _MIN_SECRET)
@@ -185,7 +197,7 @@ class RewardClient:
         timeout = self.timeout if timeout is None else timeout
         if not _seconds(timeout):
             return self._failed(f"timeout must be a number of seconds > 0, not {timeout!r}")
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + float(timeout)
         try:
             answered, result = await self._call(body, timeout, deadline)
         except Exception as exc:  # a bug of ours, a closed loop: still a score, not a crash
@@ -318,14 +330,17 @@ class RewardClient:
     ) -> _Answer:
         """One exchange, its answer read whole up to MAX_ANSWER bytes (_Cut: the connection
         broke, or the answer was larger, after its status line)."""
-        headers = _JSON_HEADERS if content is not None else None
+        headers = {**_IDENTITY, **_JSON_HEADERS} if content is not None else _IDENTITY
         request = self._http.build_request(
             method, url, content=content, headers=headers, timeout=timeout
         )
         answer = await self._http.send(request, stream=True)
         try:
+            encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+            if encoding != "identity":
+                raise _Cut(f"it is compressed ({encoding[:40]}), which this client never asks")
             body = bytearray()
-            async for chunk in answer.aiter_bytes():
+            async for chunk in answer.aiter_raw():
                 body += chunk
                 if len(body) > MAX_ANSWER:
                     raise _Cut(f"it is larger than {MAX_ANSWER} bytes, read no further")
@@ -351,15 +366,19 @@ class RewardClient:
             return self._failed("the answer holds a non-finite number")
         self._metric_names.update(dict.fromkeys(metrics))  # call() adds the others, as 0.0
         if data.get("status") == "failed":  # the function said so itself: failed is 0.0
-            reason = redact(
-                f"{data.get('error_code') or 'FAILED'}: {data.get('error')}", self._secrets
+            reason = redact_head(
+                f"{data.get('error_code') or 'FAILED'}: {data.get('error')}",
+                MAX_REASON,
+                self._secrets,
             )
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
             return RewardResult(0.0, metrics, True, reason)
         return RewardResult(score, metrics)
 
     def _failed(self, reason: str, *, quiet: bool = False) -> RewardResult:
-        reason = redact(reason, self._secrets)  # a header's value quoted by an httpx error
+        # a header's value quoted by an httpx error, a key in a proxy's error page: blanked;
+        # a whole error body (megabytes) cut
+        reason = redact_head(reason, MAX_REASON, self._secrets)
         if not quiet:  # the circuit breaker's failures: logged once per state change instead
             log.warning("reward call to %s failed, scoring 0.0: %s", self._circuit.where, reason)
         return RewardResult(0.0, {}, True, reason)  # call() adds every metric name, as 0.0
@@ -506,16 +525,25 @@ class _Cut(Exception):
 
 
 def _seconds(value: Any) -> bool:
-    """Whether ``value`` is a deadline: a finite number of seconds above 0."""
-    return isinstance(value, (int, float)) and 0 < value < math.inf
+    """Whether ``value`` is a deadline: a finite number of seconds above 0 (numpy's too)."""
+    try:
+        return 0 < float(value) < math.inf
+    except (TypeError, ValueError):
+        return False
+
+
+def _text(value: str | bytes) -> str:
+    """A header value as text (httpx takes bytes too)."""
+    return value.decode("latin-1") if isinstance(value, bytes) else str(value)
 
 
 def _error(body: bytes) -> str:
+    """An error answer's code and message; else its text (cut, once blanked, by _failed)."""
     try:
         data = orjson.loads(body)
         return f"{data.get('error_code')}: {data.get('error')}"
     except (ValueError, AttributeError):
-        return body[:200].decode(errors="replace")
+        return body[: 2 * MAX_REASON + 4 * CUT_MARGIN].decode(errors="replace")
 
 
 def _retry_after(value: str | None, tries: int) -> float:
@@ -549,6 +577,7 @@ class _Background:
 _lock = threading.Lock()
 _loop: _Background | None = None
 _clients: dict[str, RewardClient] = {}
+MANY_CLIENTS = 64  # shared clients in one process past which a warning says why
 
 
 def _forget_in_child() -> None:
@@ -576,7 +605,7 @@ def shared_client(url: str | None = None, **options: Any) -> RewardClient:
     """The process's client for ``url`` (default: $AGENTIC_RL_REWARD_URL) and ``options``,
     made once."""
     url = url or os.environ.get(URL_ENV, "")
-    key = f"{url}\0{sorted(options.items())!r}"  # other options (a deadline, headers): another
+    key = _key(url, options)  # other options (a deadline, headers): another client
     background = _background()
     with _lock:
         client = _clients.get(key)
@@ -584,7 +613,25 @@ def shared_client(url: str | None = None, **options: Any) -> RewardClient:
             # made on the background loop, where its connections will live
             client = background.submit(_make(url, options)).result()
             _clients[key] = client
+            if len(_clients) == MANY_CLIENTS:  # each keeps its connections: say it, once
+                log.warning(
+                    "%d reward clients in this process, one for each URL and options: make "
+                    "a hook once, not per step (an option that changes at each step, such "
+                    "as a refreshed token, makes a new client each time)",
+                    MANY_CLIENTS,
+                )
         return client
+
+
+def _key(url: str, options: dict[str, Any]) -> str:
+    """The shared client's key: the URL and every option, headers by their real values
+    (httpx.Headers' repr hides an Authorization's)."""
+    shown = dict(options)
+    if shown.get("headers") is not None:
+        shown["headers"] = sorted(
+            (_text(k).lower(), _text(v)) for k, v in httpx.Headers(shown["headers"]).raw
+        )
+    return f"{url}\0{sorted(shown.items())!r}"
 
 
 async def _make(url: str, options: dict[str, Any]) -> RewardClient:

@@ -5,14 +5,16 @@ broken proxy, a hostile endpoint or its own misconfiguration. Every failure is a
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import multiprocessing
 from collections.abc import Awaitable, Callable, Iterator
 from multiprocessing.connection import Connection
 
+import httpx
 import orjson
 import pytest
-from conftest import Server
+from conftest import Server, free_port
 from helpers import RawServer, http, send, started
 
 from processors_base.client import MAX_ANSWER, RewardClient, shared_client
@@ -135,11 +137,55 @@ async def test_no_secret_reaches_a_reason_or_a_log_line(caplog: pytest.LogCaptur
     assert "HTTP Request: POST http://127.0.0.1" in caplog.text  # httpx's line, without them
 
 
+async def test_a_compressed_answer_is_refused_before_it_is_inflated() -> None:
+    bomb = gzip.compress(b"[" * 50_000_000)  # 50 MB inflated, about 50 KB sent
+    seen = []
+
+    async def compressed(method: str, target: str, writer: Writer) -> None:
+        head = b"HTTP/1.1 200 X\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        await send(writer, head % len(bomb) + bomb)
+
+    async def record(method: str, target: str, writer: Writer) -> None:
+        seen.append(target)
+        await send(writer, http(200, GOOD))
+
+    with RawServer(compressed) as server:
+        async with RewardClient(server.base_url) as client:
+            result = await client.score(ANSWER, "42")
+    assert result.failed and result.reason is not None
+    assert result.reason.startswith("the answer was cut: it is compressed (gzip)")
+    with RawServer(record) as server:
+        async with RewardClient(server.base_url) as client:
+            assert (await client.score(ANSWER, "42")).score == 1.0  # identity asked, and taken
+
+
+async def test_secrets_in_an_error_page_are_blanked_before_it_is_cut() -> None:
+    key = "sk-live-0123456789abcdef"
+    page = b"x" * 190 + key.encode() + b" and the rest of a proxy's page" * 1000
+    with RawServer(answering(page, 502)) as server:
+        async with RewardClient(server.base_url, headers={"X-Api-Key": key}) as client:
+            result = await client.score(ANSWER, "42")
+    assert result.failed and result.reason is not None
+    assert result.reason.startswith("HTTP 502: xxx") and len(result.reason) <= 2000
+    assert key[:10] not in result.reason
+
+
+async def test_header_values_given_as_bytes_still_fail_as_a_score() -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    async with RewardClient(down, headers={"Authorization": b"Bearer sk-bytes-secret"}) as client:  # type: ignore[dict-item]
+        result = await client.score(ANSWER, "42", timeout=2)
+    assert result.failed and result.reason is not None and "ConnectError" in result.reason
+
+
 def test_clients_are_shared_by_url_and_options() -> None:
     url = "http://127.0.0.1:9/api/v1"  # never called
     assert shared_client(url, timeout=2) is shared_client(url, timeout=2)
     assert shared_client(url, timeout=2).timeout == 2
     assert shared_client(url, timeout=100).timeout == 100  # not the first one's deadline
+    # httpx.Headers hides an Authorization in its repr: each key its own client all the same
+    first = shared_client(url, headers=httpx.Headers({"Authorization": "Bearer key-one-111"}))
+    other = shared_client(url, headers=httpx.Headers({"Authorization": "Bearer key-two-222"}))
+    assert first is not other
 
 
 def test_bad_settings_are_errors_that_name_them(monkeypatch: pytest.MonkeyPatch) -> None:
