@@ -328,8 +328,8 @@ class RewardClient:
     async def _fetch(
         self, method: str, url: str, timeout: float, content: bytes | None = None
     ) -> _Answer:
-        """One exchange, its answer read whole up to MAX_ANSWER bytes (_Cut: the connection
-        broke, or the answer was larger, after its status line)."""
+        """One exchange, its answer read whole up to MAX_ANSWER bytes (_Cut, once its
+        headers are in: the connection broke, or the answer is larger or compressed)."""
         headers = {**_IDENTITY, **_JSON_HEADERS} if content is not None else _IDENTITY
         request = self._http.build_request(
             method, url, content=content, headers=headers, timeout=timeout
@@ -521,7 +521,8 @@ class _Answer:
 
 
 class _Cut(Exception):
-    """The connection broke, or the answer grew too large, after its status line."""
+    """Once an answer's headers were in: the connection broke, or it is too large or
+    compressed."""
 
 
 def _seconds(value: Any) -> bool:

@@ -75,7 +75,7 @@ async def test_the_deadline_bounds_an_answer_sent_a_byte_at_a_time() -> None:
     assert result.failed and result.reason == "DEADLINE_EXCEEDED: no answer within 1s"
 
 
-async def test_an_answer_cut_after_its_status_is_not_retried_nor_a_connection_failure() -> None:
+async def test_an_answer_cut_in_its_body_is_not_retried_nor_a_connection_failure() -> None:
     posts: list[str] = []
 
     async def cut(method: str, target: str, writer: Writer) -> None:
