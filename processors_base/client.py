@@ -60,6 +60,7 @@ def _secret_in(value: Any) -> bool:
 
 
 def _url_shown(url: Any) -> str:
+    """An httpx.URL without user, password or query, which may hold a secret."""
     try:
         return str(url.copy_with(username=None, password=None, query=None, fragment=None))
     except Exception:  # a URL httpx took but cannot rebuild (too long): never fail a log line
@@ -151,7 +152,9 @@ class RewardClient:
         self._learnt = False
         self._learn_tries = 0  # GETs of /health that got no answer: given up after 3
         self._learning: asyncio.Task[None] | None = None  # the one GET /health under way
-        self._circuit = _Circuit(_loggable(self.url), max(1, failure_threshold), cool_down)
+        self._circuit = _Circuit(
+            _url_shown(httpx.URL(self.url)), max(1, failure_threshold), cool_down
+        )
 
     @property
     def concurrency(self) -> int:
@@ -493,12 +496,6 @@ class _Circuit:
             else f"{self.failures} connection failures in a row (the last: {self.last})",
             self.cool_down,
         )
-
-
-def _loggable(url: str) -> str:
-    """The URL without user, password or query, which may hold a secret."""
-    parsed = httpx.URL(url)
-    return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
 
 
 def _health_url(url: str) -> str:
