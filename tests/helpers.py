@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -13,7 +14,9 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SAMPLES, Server, free_port
@@ -118,6 +121,34 @@ def opd_job(platform: PlatformStandIn, workspace: Path) -> Path:
     opd = workspace / "opd.yaml"
     opd.write_text(f"teacher_model: t\ndatasets:\n- {{type: training, file_id: {file_id}}}\n")
     return opd
+
+
+# Python 3.12+ warns at any fork of a process with threads (a reward client's background
+# loop): the tests that fork as a trainer's pool does (AReaL's) prove the child is fine.
+FORKS_THREADS = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+)
+
+
+def in_forked_child(work: Callable[[], Any], timeout: float = 30) -> Any:
+    """What ``work()`` returns in a child forked from this process (an AssertionError when
+    it gives nothing within ``timeout`` seconds: it hung, or died)."""
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=_send_back, args=(work, theirs))
+    child.start()
+    theirs.close()  # a child that dies is an EOF here, not a hang
+    try:
+        assert ours.poll(timeout), "the forked child gave nothing back"
+        return ours.recv()
+    finally:
+        child.kill()
+        child.join()
+        ours.close()
+
+
+def _send_back(work: Callable[[], Any], conn: Connection) -> None:
+    conn.send(work())
 
 
 Handler = Callable[[str, str, asyncio.StreamWriter], Awaitable[None]]

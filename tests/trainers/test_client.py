@@ -8,11 +8,10 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 
 import pytest
 from conftest import Server, free_port
-from helpers import metric_sample, started, wait_for
+from helpers import FORKS_THREADS, in_forked_child, metric_sample, started, wait_for
 
 from processors_base import client as client_module
 from processors_base.client import RewardClient
@@ -142,14 +141,7 @@ def test_trl_reward_function_with_its_column_kwargs(server: Server) -> None:
     assert leave_out(prompts=["q"], completions=["42"], solution=["42"]) == [1.0]
 
 
-# Python 3.12+ warns at any fork of a process with threads (this one has the client's
-# background loop): these two fork as AReaL's pool does, to prove the child is fine.
-_FORKS_THREADS = pytest.mark.filterwarnings(
-    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
-)
-
-
-@_FORKS_THREADS
+@FORKS_THREADS
 def test_areal_reward_fn_from_a_process_pool(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -163,11 +155,7 @@ def test_areal_reward_fn_from_a_process_pool(
         assert pool.submit(areal_reward_fn, "q", "42", [1], [2], answer="42").result(60) == 1.0
 
 
-def _score_in_child(conn: Connection) -> None:
-    conn.send(areal_reward_fn("q", "42", [1], [2], answer="42"))
-
-
-@_FORKS_THREADS
+@FORKS_THREADS
 def test_a_forked_child_does_not_inherit_a_held_client_lock(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,19 +163,8 @@ def test_a_forked_child_does_not_inherit_a_held_client_lock(
     assert areal_reward_fn("q", "42", [1], [2], answer="42") == 1.0  # the parent's client
     # The process's client lock, held at the fork (as by a trainer thread making its first
     # client): the child's copy of it is held by no one there, and must not be waited on.
-    context = multiprocessing.get_context("fork")
-    ours, theirs = context.Pipe()
     with client_module._lock:
-        child = context.Process(target=_score_in_child, args=(theirs,))
-        child.start()
-    theirs.close()  # a child that dies is an EOF here, not a hang
-    try:
-        assert ours.poll(30), "the forked child hung on the client lock held at the fork"
-        assert ours.recv() == 1.0
-    finally:
-        child.kill()
-        child.join()
-        ours.close()
+        assert in_forked_child(lambda: areal_reward_fn("q", "42", [1], [2], answer="42")) == 1.0
 
 
 # --- odd values, failed scores, deadlines on the trainers' side -------------------------

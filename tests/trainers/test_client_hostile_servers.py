@@ -7,15 +7,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-import multiprocessing
 from collections.abc import Awaitable, Callable, Iterator
-from multiprocessing.connection import Connection
 
 import httpx
 import orjson
 import pytest
 from conftest import Server, free_port
-from helpers import RawServer, http, send, started
+from helpers import FORKS_THREADS, RawServer, http, in_forked_child, send, started
 
 from processors_base.client import MAX_ANSWER, RewardClient, shared_client
 from processors_base.trainer_hooks import AReaLReward, trl_reward_func, verl_compute_score_sync
@@ -206,26 +204,9 @@ def server() -> Iterator[Server]:
     yield from started("workspace.trainer_fns:MatchReward")
 
 
-def _trl_in_child(trl: Callable[..., list[float | None]], conn: Connection) -> None:
-    conn.send(trl(["q"], ["42"], answer=["42"]))
-
-
-@pytest.mark.filterwarnings(  # the fork is the point (see test_client.py's _FORKS_THREADS)
-    "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
-)
+@FORKS_THREADS
 def test_a_trl_reward_function_made_before_a_fork_scores_in_the_child(server: Server) -> None:
     trl = trl_reward_func(server.url)
     assert trl(["q"], ["42"], answer=["42"]) == [1.0]  # the parent's client, on its loop
-    context = multiprocessing.get_context("fork")
-    ours, theirs = context.Pipe()
-    child = context.Process(target=_trl_in_child, args=(trl, theirs))
-    child.start()
-    theirs.close()
-    try:
-        assert ours.poll(30), "the forked child gave no score"
-        assert ours.recv() == [1.0]
-    finally:
-        child.kill()
-        child.join()
-        ours.close()
+    assert in_forked_child(lambda: trl(["q"], ["42"], answer=["42"])) == [1.0]
     assert trl(["q"], ["42"], answer=["42"]) == [1.0]  # and the parent's still works
